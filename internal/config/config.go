@@ -1,0 +1,186 @@
+// Package config defines a jail's configuration: the isolation schema of
+// seed 002 (isolation.level, filesystem, network, resources, process) with
+// snake_case keys, its defaults and maxima (seed 000), strict decoding of
+// JSON and YAML (unknown keys are rejected) and validation whose messages
+// name the offending field.
+package config
+
+// Config is the whole configuration of one jail as the API accepts it and
+// reports it back (with defaults filled in).
+type Config struct {
+	// Isolation is seed 002's IsolationConfig.
+	Isolation Isolation `json:"isolation"`
+	// Env is added to the environment of every command run in the jail.
+	Env map[string]string `json:"env,omitempty"`
+	// Hostname of the jail's UTS namespace (default: the jail's name).
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// Isolation levels.
+const (
+	LevelNone      = "none"
+	LevelProcess   = "process"
+	LevelContainer = "container"
+	LevelGVisor    = "gvisor"
+	LevelVM        = "vm"
+)
+
+// Isolation is seed 002's IsolationConfig.
+type Isolation struct {
+	Level      string     `json:"level"`
+	Filesystem Filesystem `json:"filesystem"`
+	Network    Network    `json:"network"`
+	Resources  Resources  `json:"resources"`
+	Process    Process    `json:"process"`
+}
+
+// Filesystem configures the jail's root filesystem and mounts.
+type Filesystem struct {
+	// Rootfs names the rootfs provider: "host" (default: a curated tree
+	// over the host's read-only /usr) or "dir:/abs/path" (any directory tree).
+	Rootfs string `json:"rootfs,omitempty"`
+	// WorkspaceRoot is the jail-side path of the writable workspace
+	// (default /workspace), owned by the jail's default user.
+	WorkspaceRoot string `json:"workspace_root,omitempty"`
+	// ReadOnlyMounts are host directories bind-mounted read-only.
+	ReadOnlyMounts []Mount `json:"read_only_mounts,omitempty"`
+	// ReadWriteMounts are host directories bind-mounted read-write.
+	ReadWriteMounts []Mount `json:"read_write_mounts,omitempty"`
+	// BlockedPaths are jail-side paths that are masked inside the jail and
+	// refused (403) by the file API.
+	BlockedPaths []string `json:"blocked_paths,omitempty"`
+	// UseOverlay must be true (or unset): the container level always uses
+	// an overlay root.
+	UseOverlay *bool `json:"use_overlay,omitempty"`
+}
+
+// Mount is a bind mount of a host path into the jail.
+type Mount struct {
+	Source  string   `json:"source"`
+	Target  string   `json:"target"`
+	Options []string `json:"options,omitempty"`
+}
+
+// Network modes.
+const (
+	NetNone     = "none"
+	NetIsolated = "isolated"
+	NetBridge   = "bridge"
+	NetHost     = "host"
+)
+
+// Network configures the jail's network namespace and policy.
+type Network struct {
+	Mode            string           `json:"mode"`
+	AllowedEgress   []EgressRule     `json:"allowed_egress,omitempty"`
+	AllowedIngress  []IngressRule    `json:"allowed_ingress,omitempty"`
+	DNSServers      []string         `json:"dns_servers,omitempty"`
+	AllowInterAgent bool             `json:"allow_inter_agent,omitempty"`
+	InterAgentRules []InterAgentRule `json:"inter_agent_rules,omitempty"`
+}
+
+// EgressRule allows traffic to a destination (host name, *.wildcard, IP or CIDR).
+type EgressRule struct {
+	Destination string `json:"destination"`
+	Ports       []int  `json:"ports,omitempty"`
+	Protocol    string `json:"protocol,omitempty"`
+}
+
+// IngressRule allows traffic from a source (IP or CIDR).
+type IngressRule struct {
+	Source   string `json:"source"`
+	Ports    []int  `json:"ports,omitempty"`
+	Protocol string `json:"protocol,omitempty"`
+}
+
+// InterAgentRule allows or denies traffic between jails by name pattern.
+type InterAgentRule struct {
+	From  string `json:"from"`
+	To    string `json:"to"`
+	Ports []int  `json:"ports,omitempty"`
+	Allow bool   `json:"allow"`
+}
+
+// Resources are the jail's limits. Zero means "the default".
+type Resources struct {
+	// CPUShares is the relative CPU weight (cgroup v1 cpu.shares; converted
+	// to cpu.weight on cgroup v2).
+	CPUShares uint64 `json:"cpu_shares,omitempty"`
+	// CPUQuota is the CFS quota in microseconds per CPUPeriod (100000 = 1 CPU).
+	CPUQuota int64 `json:"cpu_quota,omitempty"`
+	// CPUPeriod is the CFS period in microseconds.
+	CPUPeriod uint64 `json:"cpu_period,omitempty"`
+	// MemoryBytes is the memory limit.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// MemorySwapBytes is the memory+swap limit; equal to MemoryBytes means no swap.
+	MemorySwapBytes int64 `json:"memory_swap_bytes,omitempty"`
+	// DiskBytes is the size of the jail's writable layer.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// PidsLimit caps the number of tasks in the jail.
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// NofileLimit is RLIMIT_NOFILE (soft and hard).
+	NofileLimit uint64 `json:"nofile_limit,omitempty"`
+	// AsLimit is RLIMIT_AS in bytes (0: unlimited).
+	AsLimit uint64 `json:"as_limit,omitempty"`
+	// CoreLimit is RLIMIT_CORE in bytes (default 0: no core dumps).
+	CoreLimit uint64 `json:"core_limit,omitempty"`
+}
+
+// Process configures the identity and privileges of the jail's processes.
+type Process struct {
+	// User that commands run as unless a request names another (default "agent", uid 1000).
+	User string `json:"user,omitempty"`
+	// Group of that user (default: the user's primary group).
+	Group string `json:"group,omitempty"`
+	// Capabilities added to the default minimal set (names with or without CAP_).
+	Capabilities []string `json:"capabilities,omitempty"`
+	// DropCapabilities removed from the set ("ALL" drops everything first).
+	DropCapabilities []string `json:"drop_capabilities,omitempty"`
+	// SeccompProfile replaces the default profile.
+	SeccompProfile *SeccompProfile `json:"seccomp_profile,omitempty"`
+	// ApparmorProfile is not supported on this daemon's hosts (422 when set).
+	ApparmorProfile string `json:"apparmor_profile,omitempty"`
+	// SelinuxContext is not supported on this daemon's hosts (422 when set).
+	SelinuxContext string `json:"selinux_context,omitempty"`
+	// Namespaces selects namespaces; the container level requires all but
+	// user, which maps the jail's root to an unprivileged host uid range.
+	Namespaces *Namespaces `json:"namespaces,omitempty"`
+}
+
+// Namespaces selects the namespaces a jail gets.
+type Namespaces struct {
+	PID     *bool `json:"pid,omitempty"`
+	Mount   *bool `json:"mount,omitempty"`
+	Network *bool `json:"network,omitempty"`
+	User    *bool `json:"user,omitempty"`
+	UTS     *bool `json:"uts,omitempty"`
+	IPC     *bool `json:"ipc,omitempty"`
+	Cgroup  *bool `json:"cgroup,omitempty"`
+}
+
+// Seccomp actions.
+const (
+	ActAllow = "SCMP_ACT_ALLOW"
+	ActErrno = "SCMP_ACT_ERRNO"
+	ActKill  = "SCMP_ACT_KILL"
+)
+
+// SeccompProfile is seed 002's seccomp profile.
+type SeccompProfile struct {
+	DefaultAction string           `json:"default_action"`
+	Syscalls      []SeccompSyscall `json:"syscalls"`
+}
+
+// SeccompSyscall is one rule of a SeccompProfile.
+type SeccompSyscall struct {
+	Names  []string     `json:"names"`
+	Action string       `json:"action"`
+	Args   []SeccompArg `json:"args,omitempty"`
+}
+
+// SeccompArg compares one syscall argument.
+type SeccompArg struct {
+	Index uint   `json:"index"`
+	Value uint64 `json:"value"`
+	Op    string `json:"op"`
+}
