@@ -1,0 +1,59 @@
+# agentjail: build, run and test.
+#
+#   make run     set up the host, build, and start the daemon on its defaults
+#                (data dir /var/lib/agentjail, http://127.0.0.1:8082, host rootfs)
+#   make test    set up the host, build, check formatting and vet, run every test
+#   make bench   run the end-to-end benchmarks and print a table
+#
+# Everything runs as root (the daemon makes mounts, loop devices, cgroups and
+# network namespaces). CI=true makes privileged tests fail instead of skip.
+
+SHELL := /bin/bash
+export PATH := /usr/local/sbin:/usr/local/go/bin:$(PATH)
+export CGO_ENABLED := 0
+
+BIN        := bin/agentjail
+GO         ?= go
+BENCHTIME  ?= 20x
+GOFILES     = $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)
+
+.PHONY: all setup build run test fmt-check vet lint bench clean
+
+all: build
+
+## setup: install the host packages, CRIU >= 4.1 and check Go (idempotent)
+setup:
+	@scripts/setup.sh
+
+## build: the static binary at bin/agentjail
+build:
+	$(GO) build -trimpath -o $(BIN) ./cmd/agentjail
+
+## run: start the daemon in the foreground on its defaults
+run: setup build
+	exec ./$(BIN) serve
+
+## test: formatting, vet and the whole test suite (unit + end-to-end)
+test: setup build fmt-check vet
+	$(GO) test -count=1 -timeout 60m ./...
+
+fmt-check:
+	@out=$$(gofmt -l $(GOFILES)); \
+	if [ -n "$$out" ]; then echo "gofmt needs to be run on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+## lint: gofmt, go vet and a syntax check of the shell scripts
+lint: fmt-check vet
+	@for f in scripts/*.sh .ci/run; do bash -n "$$f" || exit 1; done
+	@if command -v shellcheck >/dev/null; then shellcheck scripts/*.sh .ci/run; fi
+
+## bench: end-to-end benchmarks against the real daemon, as a table
+bench: setup build
+	@set -o pipefail; \
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench . -benchtime $(BENCHTIME) ./test/integration/ \
+		| tee /dev/stderr | scripts/benchtable.sh
+
+clean:
+	rm -rf bin

@@ -1,0 +1,111 @@
+package api
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"unicode"
+)
+
+// TokenFile is the name of the token file inside the data directory.
+const TokenFile = "api-token"
+
+// EnsureToken returns the API's bearer token, kept in dataDir/api-token.
+// On first start it creates dataDir (0700) if missing and writes a new
+// random token (32 bytes, hex) to the file with mode 0600; afterwards it
+// reuses the file. It refuses a token file that is not a regular file,
+// that group or other may access (anyone who reads it controls every
+// jail), or that is empty.
+func EnsureToken(dataDir string) (string, error) {
+	path := filepath.Join(dataDir, TokenFile)
+	tok, err := ReadToken(path)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return tok, err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return "", fmt.Errorf("api token: create data dir: %w", err)
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	tok = hex.EncodeToString(raw)
+	// Write a private temp file, then link it into place: the token file
+	// never exists half-written, and a concurrent first start keeps the
+	// token that won.
+	tmp, err := os.CreateTemp(dataDir, ".api-token-*")
+	if err != nil {
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	if _, err := tmp.WriteString(tok + "\n"); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("api token: write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("api token: sync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	if err := os.Link(tmp.Name(), path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return ReadToken(path)
+		}
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	return tok, nil
+}
+
+// ReadToken reads a token file written by EnsureToken, with its checks: a
+// regular file, not accessible by group or other, holding one non-empty
+// token without spaces. An absent file is an error satisfying
+// errors.Is(err, fs.ErrNotExist).
+func ReadToken(path string) (string, error) {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return "", fmt.Errorf("api token: %s is not a regular file (%s); remove it to have a new token made", path, st.Mode().Type())
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return "", fmt.Errorf("api token: refusing %s: its mode %04o lets group or other read or change it, and whoever holds the token controls every jail; run chmod 600 on it, or remove it to have a new token made", path, perm)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("api token: %s is empty; remove it to have a new token made", path)
+	}
+	if strings.IndexFunc(tok, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+		return "", fmt.Errorf("api token: %s holds more than one word; it must hold only the token", path)
+	}
+	return tok, nil
+}
+
+// authorized reports whether r carries the bearer token. The comparison
+// takes the same time wherever the tokens differ.
+func (s *server) authorized(r *http.Request) bool {
+	h := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || s.token == "" {
+		return false
+	}
+	tok = strings.TrimSpace(tok)
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1
+}

@@ -1,0 +1,476 @@
+// Package container is the container isolation level: each jail is an OCI
+// bundle run by runc, on an overlay root whose writable layer is a disk of
+// exactly the jail's disk_bytes, in a network namespace made by the daemon,
+// with the agentjail binary as PID 1.
+package container
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/backend/oci"
+	"github.com/agentjail/agentjail/internal/cgroups"
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initclient"
+	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/netns"
+	"github.com/agentjail/agentjail/internal/procwait"
+	"github.com/agentjail/agentjail/internal/rootfs"
+	"github.com/agentjail/agentjail/internal/storage"
+)
+
+// UIDMapBase is the host uid (and gid) that uid 0 of a jail with a user
+// namespace maps to; the jail gets 65536 ids from there.
+const UIDMapBase = 1000000
+
+// startTimeout bounds how long init may take to become ready.
+const startTimeout = 30 * time.Second
+
+// DefaultPath is the PATH of every jail process.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Options configures the backend.
+type Options struct {
+	// DataDir is the daemon's data dir.
+	DataDir string
+	// RuntimeBinary is the OCI runtime ("runc").
+	RuntimeBinary string
+	// InitBinary is the host path of the agentjail binary bound into jails.
+	InitBinary string
+	// Pool is the storage pool that holds the jails' disks.
+	Pool *storage.Pool
+	// HostLower is the `host` provider's lower tree.
+	HostLower string
+	// Log receives diagnostics.
+	Log *slog.Logger
+}
+
+// Backend is the container level.
+type Backend struct {
+	opts    Options
+	runtime *oci.Runtime
+	caps    backend.Capabilities
+	swap    bool
+}
+
+// New returns the container backend. It fails with errdefs.ErrUnavailable
+// when the runtime binary cannot be run.
+func New(opts Options) (*Backend, error) {
+	out, err := exec.Command(opts.RuntimeBinary, "--version").Output()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "OCI runtime %q", opts.RuntimeBinary)
+	}
+	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	b := &Backend{
+		opts:    opts,
+		runtime: oci.NewRuntime(opts.RuntimeBinary, filepath.Join(opts.DataDir, "run", "runc")),
+		swap:    cgroups.SwapAccounting(),
+	}
+	b.caps = backend.Capabilities{
+		Level:            config.LevelContainer,
+		Runtime:          version,
+		NetworkModes:     []string{config.NetIsolated, config.NetNone},
+		DiskLimit:        true,
+		UserNamespaces:   true,
+		Checkpoint:       false,
+		CheckpointReason: "checkpointing is not implemented by this daemon yet",
+	}
+	return b, nil
+}
+
+// Capabilities implements backend.Backend.
+func (b *Backend) Capabilities() backend.Capabilities { return b.caps }
+
+// paths of one jail.
+type paths struct {
+	dir, disk, upper, work, merged, control, netns, cgroup string
+}
+
+func (b *Backend) paths(inst backend.Instance) paths {
+	disk := filepath.Join(inst.Dir, "rootfs")
+	return paths{
+		dir:     inst.Dir,
+		disk:    disk,
+		upper:   filepath.Join(disk, "upper"),
+		work:    filepath.Join(disk, "work"),
+		merged:  filepath.Join(disk, "merged"),
+		control: filepath.Join(inst.Dir, "run"),
+		netns:   filepath.Join(b.opts.DataDir, "run", "netns", inst.ID),
+		cgroup:  "/agentjail/" + inst.ID,
+	}
+}
+
+// CgroupPath returns the cgroupsPath of a jail (for observation).
+func CgroupPath(id string) string { return "/agentjail/" + id }
+
+func (b *Backend) lower(inst backend.Instance) (string, error) {
+	fs := inst.Config.Isolation.Filesystem
+	if fs.Rootfs == config.RootfsHost {
+		return b.opts.HostLower, nil
+	}
+	dir := strings.TrimPrefix(fs.Rootfs, config.RootfsDirPrefix)
+	if err := rootfs.CheckDir(dir, b.opts.DataDir); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+func userns(c *config.Config) bool {
+	ns := c.Isolation.Process.Namespaces
+	return ns != nil && ns.User != nil && *ns.User
+}
+
+// Prepare implements backend.Backend.
+func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error) {
+	p := b.paths(inst)
+	defer func() {
+		if err != nil {
+			if derr := b.Destroy(context.WithoutCancel(ctx), inst); derr != nil {
+				b.opts.Log.Error("releasing a half-prepared jail", "jail", inst.ID, "err", derr)
+			}
+		}
+	}()
+	lower, err := b.lower(inst)
+	if err != nil {
+		return err
+	}
+	if err := b.opts.Pool.CreateDisk(inst.ID, inst.Config.Isolation.Resources.DiskBytes, p.disk); err != nil {
+		return fmt.Errorf("jail disk: %w", err)
+	}
+	if err := b.seedUpper(inst, lower, p); err != nil {
+		return err
+	}
+	if err := storage.MountOverlay([]string{lower}, p.upper, p.work, p.merged); err != nil {
+		return fmt.Errorf("jail root: %w", err)
+	}
+	if err := b.writeControl(inst, p); err != nil {
+		return err
+	}
+	if err := netns.Create(p.netns); err != nil {
+		return fmt.Errorf("network namespace: %w", err)
+	}
+	return b.writeBundle(inst, p)
+}
+
+// seedUpper creates the workspace (owned by the jail's user) in the upper
+// layer when the lower tree lacks it, and hands the upper to the mapped
+// root when the jail has a user namespace.
+func (b *Backend) seedUpper(inst backend.Instance, lower string, p paths) error {
+	cfg := inst.Config
+	uid, gid := lookupUser(lower, cfg.Isolation.Process.User)
+	shift := 0
+	if userns(cfg) {
+		shift = UIDMapBase
+		for _, d := range []string{p.upper, p.work} {
+			if err := os.Chown(d, shift, shift); err != nil {
+				return fmt.Errorf("jail upper: %w", err)
+			}
+		}
+	}
+	ws := cfg.Isolation.Filesystem.WorkspaceRoot
+	if _, err := os.Lstat(filepath.Join(lower, ws)); err == nil && shift == 0 {
+		return nil
+	}
+	rel := strings.TrimPrefix(ws, "/")
+	cur := p.upper
+	for _, part := range strings.Split(rel, "/") {
+		cur = filepath.Join(cur, part)
+		if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("workspace %s: %w", ws, err)
+		}
+		if err := os.Chown(cur, shift, shift); err != nil {
+			return fmt.Errorf("workspace %s: %w", ws, err)
+		}
+	}
+	return os.Chown(cur, shift+uid, shift+gid)
+}
+
+// lookupUser resolves a user name or uid against lower/etc/passwd; an
+// unknown name resolves to uid/gid 1000.
+func lookupUser(lower, user string) (int, int) {
+	if n, err := strconv.Atoi(user); err == nil {
+		return n, n
+	}
+	f, err := os.Open(filepath.Join(lower, "etc", "passwd"))
+	if err != nil {
+		return 1000, 1000
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Split(sc.Text(), ":")
+		if len(fields) >= 4 && fields[0] == user {
+			uid, err1 := strconv.Atoi(fields[2])
+			gid, err2 := strconv.Atoi(fields[3])
+			if err1 == nil && err2 == nil {
+				return uid, gid
+			}
+		}
+	}
+	return 1000, 1000
+}
+
+func (b *Backend) writeControl(inst backend.Instance, p paths) error {
+	if err := os.MkdirAll(p.control, 0o700); err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	if userns(inst.Config) {
+		if err := os.Chown(p.control, UIDMapBase, UIDMapBase); err != nil {
+			return fmt.Errorf("control dir: %w", err)
+		}
+	}
+	cfg := inst.Config
+	env := []string{"PATH=" + DefaultPath, "LANG=C.UTF-8", "HOSTNAME=" + inst.Hostname}
+	keys := make([]string, 0, len(cfg.Env))
+	for k := range cfg.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+cfg.Env[k])
+	}
+	ic := initproto.InitConfig{
+		JailID:       inst.ID,
+		DefaultUser:  cfg.Isolation.Process.User,
+		DefaultGroup: cfg.Isolation.Process.Group,
+		Workspace:    cfg.Isolation.Filesystem.WorkspaceRoot,
+		Env:          env,
+		BlockedPaths: cfg.Isolation.Filesystem.BlockedPaths,
+	}
+	data, err := json.MarshalIndent(ic, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(p.control, initproto.ConfigName), data, 0o600)
+}
+
+func (b *Backend) writeBundle(inst backend.Instance, p paths) error {
+	var mounts []oci.Mount
+	if inst.Config.Isolation.Filesystem.Rootfs == config.RootfsHost {
+		for _, m := range rootfs.HostMounts() {
+			mounts = append(mounts, oci.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+		}
+	}
+	opts := oci.SpecOptions{
+		ID:             inst.ID,
+		Config:         inst.Config,
+		Rootfs:         p.merged,
+		NetnsPath:      p.netns,
+		CgroupsPath:    p.cgroup,
+		InitBinary:     b.opts.InitBinary,
+		ControlDir:     p.control,
+		Mounts:         mounts,
+		Hostname:       inst.Hostname,
+		SwapAccounting: b.swap,
+	}
+	if userns(inst.Config) {
+		opts.UIDMapBase = UIDMapBase
+	}
+	spec, err := oci.Spec(opts)
+	if err != nil {
+		return err
+	}
+	return oci.WriteBundle(p.dir, spec)
+}
+
+// ensure re-establishes what Prepare made when it is missing (after a host
+// reboot or a crash), so that Start works from any stopped state.
+func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) error {
+	lower, err := b.lower(inst)
+	if err != nil {
+		return err
+	}
+	if err := b.opts.Pool.MountDisk(inst.ID, p.disk); err != nil {
+		return fmt.Errorf("jail disk: %w", err)
+	}
+	mounted, err := storage.IsMounted(p.merged)
+	if err != nil {
+		return err
+	}
+	if !mounted {
+		if err := storage.MountOverlay([]string{lower}, p.upper, p.work, p.merged); err != nil {
+			return fmt.Errorf("jail root: %w", err)
+		}
+	}
+	if !netns.Exists(p.netns) {
+		if err := netns.Create(p.netns); err != nil {
+			return fmt.Errorf("network namespace: %w", err)
+		}
+	}
+	if err := b.writeControl(inst, p); err != nil {
+		return err
+	}
+	if err := b.writeBundle(inst, p); err != nil {
+		return err
+	}
+	// A container left behind by a crash blocks the id: remove it.
+	if st, _, err := b.runtime.State(ctx, inst.ID); err == nil && st != "running" && st != "paused" {
+		if err := b.runtime.Delete(ctx, inst.ID, true); err != nil {
+			return err
+		}
+	}
+	_ = os.Remove(filepath.Join(p.control, initproto.SocketName))
+	return nil
+}
+
+// Start implements backend.Backend.
+func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Status, error) {
+	p := b.paths(inst)
+	if err := b.ensure(ctx, inst, p); err != nil {
+		return backend.Status{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	pid, err := b.runtime.Create(ctx, inst.ID, p.dir)
+	if err != nil {
+		return backend.Status{}, fmt.Errorf("create container: %w", err)
+	}
+	if err := b.runtime.Start(ctx, inst.ID); err != nil {
+		return backend.Status{}, fmt.Errorf("start jail init: %w", err)
+	}
+	return backend.Status{Running: true, Pid: pid}, nil
+}
+
+// Stop implements backend.Backend.
+func (b *Backend) Stop(ctx context.Context, inst backend.Instance, grace time.Duration) error {
+	st, pid, err := b.runtime.State(ctx, inst.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st == "running" && pid > 0 {
+		if err := b.runtime.Kill(ctx, inst.ID, syscall.SIGTERM, false); err == nil {
+			wctx, cancel := context.WithTimeout(ctx, grace)
+			_ = procwait.WaitPid(wctx, pid)
+			cancel()
+		}
+	}
+	return b.kill(ctx, inst.ID, pid)
+}
+
+// kill SIGKILLs every process of the container, waits for init, and
+// deletes the container (its cgroup goes with it).
+func (b *Backend) kill(ctx context.Context, id string, pid int) error {
+	if err := b.runtime.Kill(ctx, id, syscall.SIGKILL, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		b.opts.Log.Debug("kill jail", "jail", id, "err", err)
+	}
+	if pid > 0 {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := procwait.WaitPid(wctx, pid)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("jail %s: init (pid %d) did not exit after SIGKILL: %w", id, pid, err)
+		}
+	}
+	if err := b.runtime.Delete(ctx, id, true); err != nil {
+		return fmt.Errorf("delete container: %w", err)
+	}
+	return nil
+}
+
+// Destroy implements backend.Backend.
+func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
+	p := b.paths(inst)
+	var errs []error
+	_, pid, err := b.runtime.State(ctx, inst.ID)
+	if err == nil {
+		errs = append(errs, b.kill(ctx, inst.ID, pid))
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		errs = append(errs, err)
+	}
+	if err := cgroups.Remove(p.cgroup); err != nil {
+		errs = append(errs, fmt.Errorf("cgroup: %w", err))
+	}
+	if err := storage.Unmount(p.merged); err != nil {
+		errs = append(errs, fmt.Errorf("jail root: %w", err))
+	}
+	if err := storage.UnmountDisk(p.disk); err != nil {
+		errs = append(errs, fmt.Errorf("jail disk: %w", err))
+	}
+	if err := b.opts.Pool.RemoveDisk(inst.ID); err != nil {
+		errs = append(errs, fmt.Errorf("jail disk: %w", err))
+	}
+	if err := netns.Remove(p.netns); err != nil {
+		errs = append(errs, fmt.Errorf("network namespace: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Status implements backend.Backend.
+func (b *Backend) Status(ctx context.Context, inst backend.Instance) (backend.Status, error) {
+	st, pid, err := b.runtime.State(ctx, inst.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return backend.Status{}, nil
+	}
+	if err != nil {
+		return backend.Status{}, err
+	}
+	if st == "running" || st == "paused" {
+		return backend.Status{Running: true, Pid: pid}, nil
+	}
+	return backend.Status{}, nil
+}
+
+// Stats implements backend.Backend.
+func (b *Backend) Stats(ctx context.Context, inst backend.Instance) (backend.Stats, error) {
+	p := b.paths(inst)
+	cs, err := cgroups.Read(p.cgroup)
+	if err != nil {
+		return backend.Stats{}, err
+	}
+	used, total, err := storage.Usage(p.disk)
+	if err != nil {
+		return backend.Stats{}, err
+	}
+	return backend.Stats{
+		MemoryBytes:      cs.MemoryBytes,
+		MemoryLimitBytes: cs.MemoryLimitBytes,
+		CPUTimeNs:        cs.CPUTimeNs,
+		Pids:             cs.Pids,
+		PidsLimit:        cs.PidsLimit,
+		OOMKills:         cs.OOMKills,
+		DiskUsedBytes:    used,
+		DiskLimitBytes:   total,
+	}, nil
+}
+
+// Control implements backend.Backend.
+func (b *Backend) Control(inst backend.Instance) *initclient.Client {
+	return initclient.New(filepath.Join(b.paths(inst).control, initproto.SocketName))
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

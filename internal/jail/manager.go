@@ -1,0 +1,633 @@
+package jail
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/backend/container"
+	"github.com/agentjail/agentjail/internal/cgroups"
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/procwait"
+	"github.com/agentjail/agentjail/internal/rootfs"
+	"github.com/agentjail/agentjail/internal/storage"
+)
+
+// Version is the daemon's version, reported by /health.
+var Version = "0.1.0"
+
+// Options configures a Manager.
+type Options struct {
+	// DataDir holds all state (default /var/lib/agentjail).
+	DataDir string
+	// RuntimeBinary is the OCI runtime (default "runc").
+	RuntimeBinary string
+	// PoolSize is the size of the sparse storage pool image (default: 64 GiB,
+	// or 90 % of the free space of the data dir's filesystem when smaller).
+	PoolSize int64
+	// WarmDisks is how many default-size disks to keep ready (default 2;
+	// negative: none).
+	WarmDisks int
+	// Logger receives diagnostics (default: discard).
+	Logger *slog.Logger
+}
+
+// Manager owns every jail of one data dir.
+type Manager struct {
+	opts    Options
+	log     *slog.Logger
+	backend backend.Backend
+	pool    *storage.Pool
+	watcher *procwait.Watcher
+	host    config.Host
+
+	mu    sync.Mutex
+	jails map[string]*entry // by id
+	names map[string]string // name → id
+}
+
+// entry is one jail. op serialises lifecycle transitions; mu guards rec.
+type entry struct {
+	op     sync.Mutex
+	mu     sync.RWMutex
+	rec    Jail
+	dir    string
+	unwait func()
+}
+
+func (e *entry) snapshot() Jail {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.rec
+}
+
+// NewManager opens the data dir: the storage pool, the host rootfs, the
+// backend, and every jail recorded there — re-adopting those still running.
+func NewManager(ctx context.Context, opts Options) (*Manager, error) {
+	if opts.DataDir == "" {
+		opts.DataDir = "/var/lib/agentjail"
+	}
+	if opts.RuntimeBinary == "" {
+		opts.RuntimeBinary = "runc"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.WarmDisks == 0 {
+		opts.WarmDisks = 2
+	}
+	dataDir, err := filepath.Abs(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	opts.DataDir = dataDir
+	for _, d := range []string{dataDir, filepath.Join(dataDir, "jails"), filepath.Join(dataDir, "bin"), filepath.Join(dataDir, "run")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("data dir: %w", err)
+		}
+	}
+	if err := os.Chmod(dataDir, 0o711); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	m := &Manager{opts: opts, log: opts.Logger, jails: map[string]*entry{}, names: map[string]string{}}
+	initBin, err := installBinary(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	lower, err := rootfs.EnsureHost(dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("host rootfs: %w", err)
+	}
+	size := opts.PoolSize
+	if size == 0 {
+		size = defaultPoolSize(dataDir)
+	}
+	warm := max(opts.WarmDisks, 0)
+	m.pool, err = storage.OpenPool(dataDir, size, config.DefaultDisk, warm)
+	if err != nil {
+		return nil, fmt.Errorf("storage pool: %w", err)
+	}
+	m.backend, err = container.New(container.Options{
+		DataDir:       dataDir,
+		RuntimeBinary: opts.RuntimeBinary,
+		InitBinary:    initBin,
+		Pool:          m.pool,
+		HostLower:     lower,
+		Log:           m.log,
+	})
+	if err != nil {
+		m.pool.Close()
+		return nil, err
+	}
+	m.watcher, err = procwait.NewWatcher()
+	if err != nil {
+		m.pool.Close()
+		return nil, err
+	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return nil, err
+	}
+	caps := m.backend.Capabilities()
+	m.host = config.Host{
+		NofileMax:    lim.Max,
+		CPUs:         runtime.NumCPU(),
+		Levels:       []string{caps.Level},
+		NetworkModes: caps.NetworkModes,
+	}
+	if err := m.recover(ctx); err != nil {
+		m.pool.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// Close releases the manager's background resources. Jails keep running
+// and are re-adopted by the next manager on the same data dir.
+func (m *Manager) Close() error {
+	return m.pool.Close()
+}
+
+// defaultPoolSize is 64 GiB or 90 % of the free space, whichever is smaller.
+func defaultPoolSize(dir string) int64 {
+	const def = 64 * config.GiB
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return def
+	}
+	free := int64(st.Bavail) * int64(st.Bsize) / 10 * 9
+	return max(min(def, free), 2*config.GiB)
+}
+
+// installBinary copies the running executable into DATA_DIR/bin under a
+// content-addressed name, so jails keep the init they started with even
+// when the daemon's binary is replaced.
+func installBinary(dataDir string) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("locating the agentjail binary: %w", err)
+	}
+	data, err := os.ReadFile(self)
+	if err != nil {
+		return "", fmt.Errorf("reading the agentjail binary: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	dst := filepath.Join(dataDir, "bin", "agentjail-"+hex.EncodeToString(sum[:6]))
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o755); err != nil {
+		return "", fmt.Errorf("installing the init binary: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("installing the init binary: %w", err)
+	}
+	return dst, nil
+}
+
+func newID() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+func (m *Manager) jailDir(id string) string { return filepath.Join(m.opts.DataDir, "jails", id) }
+
+func (m *Manager) instance(e *entry) backend.Instance {
+	j := e.snapshot()
+	cfg := j.Config
+	return backend.Instance{ID: j.ID, Dir: e.dir, Config: &cfg, Hostname: hostname(&j)}
+}
+
+func hostname(j *Jail) string {
+	if j.Config.Hostname != "" {
+		return j.Config.Hostname
+	}
+	h := strings.NewReplacer("_", "-", ".", "-").Replace(j.Name)
+	return strings.Trim(h, "-")
+}
+
+// lookup finds a jail by id or name.
+func (m *Manager) lookup(ref string) (*entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.jails[ref]; ok {
+		return e, nil
+	}
+	if id, ok := m.names[ref]; ok {
+		return m.jails[id], nil
+	}
+	return nil, errdefs.NotFoundf("no jail with id or name %q", ref)
+}
+
+// persist writes the record atomically to jail.json.
+func (m *Manager) persist(e *entry) error {
+	j := e.snapshot()
+	j.Stats = nil
+	data, err := json.MarshalIndent(j, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(e.dir, "jail.json")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// setState changes the record under its lock and persists it.
+func (m *Manager) setState(e *entry, f func(j *Jail)) {
+	e.mu.Lock()
+	f(&e.rec)
+	e.mu.Unlock()
+	if err := m.persist(e); err != nil {
+		m.log.Error("persisting jail state", "jail", e.rec.ID, "err", err)
+	}
+}
+
+// Create implements the API's create: validate, record, prepare and
+// (unless req.Start is false) start. A failed create leaves nothing behind.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Jail, error) {
+	cfg := req.Config
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(m.host); err != nil {
+		return nil, err
+	}
+	id := newID()
+	name := req.Name
+	if name == "" {
+		name = "jail-" + id[:6]
+	} else if err := config.ValidName(name); err != nil {
+		return nil, err
+	}
+	e := &entry{dir: m.jailDir(id), rec: Jail{ID: id, Name: name, Status: StateCreated, CreatedAt: time.Now().UTC(), Config: cfg}}
+	m.mu.Lock()
+	if _, taken := m.names[name]; taken {
+		m.mu.Unlock()
+		return nil, errdefs.Conflictf("a jail named %q already exists", name)
+	}
+	m.names[name] = id
+	m.jails[id] = e
+	m.mu.Unlock()
+	e.op.Lock()
+	defer e.op.Unlock()
+
+	fail := func(err error) (*Jail, error) {
+		m.forget(e)
+		if derr := m.backend.Destroy(context.WithoutCancel(ctx), m.instance(e)); derr != nil {
+			m.log.Error("releasing a failed jail", "jail", id, "err", derr)
+			return nil, err
+		}
+		if rerr := removeJailDir(e.dir); rerr != nil {
+			m.log.Error("removing a failed jail's directory", "jail", id, "err", rerr)
+		}
+		return nil, err
+	}
+	if err := os.Mkdir(e.dir, 0o700); err != nil {
+		return fail(fmt.Errorf("jail dir: %w", err))
+	}
+	if err := m.persist(e); err != nil {
+		return fail(err)
+	}
+	if err := m.backend.Prepare(ctx, m.instance(e)); err != nil {
+		return fail(err)
+	}
+	if req.Start == nil || *req.Start {
+		if err := m.start(ctx, e); err != nil {
+			return fail(err)
+		}
+	}
+	j := e.snapshot()
+	return &j, nil
+}
+
+// forget drops e from the indexes.
+func (m *Manager) forget(e *entry) {
+	j := e.snapshot()
+	m.mu.Lock()
+	delete(m.jails, j.ID)
+	if m.names[j.Name] == j.ID {
+		delete(m.names, j.Name)
+	}
+	m.mu.Unlock()
+}
+
+// List returns every jail, oldest first.
+func (m *Manager) List(ctx context.Context) ([]*Jail, error) {
+	m.mu.Lock()
+	out := make([]*Jail, 0, len(m.jails))
+	for _, e := range m.jails {
+		j := e.snapshot()
+		out = append(out, &j)
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(a, b int) bool {
+		if out[a].CreatedAt.Equal(out[b].CreatedAt) {
+			return out[a].ID < out[b].ID
+		}
+		return out[a].CreatedAt.Before(out[b].CreatedAt)
+	})
+	return out, nil
+}
+
+// Get returns a jail with live stats when it runs.
+func (m *Manager) Get(ctx context.Context, ref string) (*Jail, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	j := e.snapshot()
+	if j.Status == StateRunning {
+		if st, err := m.backend.Stats(ctx, m.instance(e)); err == nil {
+			j.Stats = &Stats{
+				MemoryBytes: st.MemoryBytes, MemoryLimitBytes: st.MemoryLimitBytes,
+				CPUTimeNs: st.CPUTimeNs, Pids: st.Pids, PidsLimit: st.PidsLimit, OOMKills: st.OOMKills,
+				DiskUsedBytes: st.DiskUsedBytes, DiskLimitBytes: st.DiskLimitBytes,
+			}
+		} else {
+			m.log.Warn("reading jail stats", "jail", j.ID, "err", err)
+		}
+	}
+	return &j, nil
+}
+
+// Start starts a created, stopped or failed jail.
+func (m *Manager) Start(ctx context.Context, ref string) (*Jail, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	if err := m.start(ctx, e); err != nil {
+		return nil, err
+	}
+	j := e.snapshot()
+	return &j, nil
+}
+
+// start runs with e.op held.
+func (m *Manager) start(ctx context.Context, e *entry) error {
+	j := e.snapshot()
+	switch j.Status {
+	case StateCreated, StateStopped, StateError:
+	default:
+		return errdefs.Conflictf("jail %s is %s; only a created, stopped or failed jail can be started", j.Name, j.Status)
+	}
+	m.setState(e, func(j *Jail) { j.Status = StateStarting; j.Error = "" })
+	st, err := m.backend.Start(ctx, m.instance(e))
+	if err != nil {
+		m.setState(e, func(j *Jail) { j.Status = StateError; j.Error = err.Error(); j.Pid = 0 })
+		return err
+	}
+	now := time.Now().UTC()
+	m.setState(e, func(j *Jail) {
+		j.Status = StateRunning
+		j.Pid = st.Pid
+		j.StartedAt = &now
+		j.StoppedAt = nil
+	})
+	m.watch(e, st.Pid)
+	return nil
+}
+
+// watch marks the jail failed if its init exits while it should run.
+func (m *Manager) watch(e *entry, pid int) {
+	cancel, err := m.watcher.Watch(pid, func() { m.initExited(e, pid) })
+	if err != nil {
+		m.log.Error("watching jail init", "jail", e.rec.ID, "err", err)
+		return
+	}
+	e.mu.Lock()
+	e.unwait = cancel
+	e.mu.Unlock()
+}
+
+func (m *Manager) unwatch(e *entry) {
+	e.mu.Lock()
+	cancel := e.unwait
+	e.unwait = nil
+	e.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+func (m *Manager) initExited(e *entry, pid int) {
+	e.op.Lock()
+	defer e.op.Unlock()
+	j := e.snapshot()
+	if j.Status != StateRunning || j.Pid != pid {
+		return
+	}
+	m.log.Warn("jail init exited unexpectedly", "jail", j.ID, "pid", pid)
+	if err := m.backend.Stop(context.Background(), m.instance(e), 0); err != nil {
+		m.log.Error("cleaning up after init exit", "jail", j.ID, "err", err)
+	}
+	now := time.Now().UTC()
+	m.setState(e, func(j *Jail) {
+		j.Status = StateError
+		j.Error = "the jail's init exited unexpectedly"
+		j.Pid = 0
+		j.StoppedAt = &now
+	})
+}
+
+// Stop stops a running (or failed) jail, waiting up to grace for its
+// processes to exit before killing them.
+func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*Jail, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	j := e.snapshot()
+	switch j.Status {
+	case StateRunning, StateError:
+	case StateStopped, StateCreated:
+		return nil, errdefs.Conflictf("jail %s is already stopped (%s)", j.Name, j.Status)
+	default:
+		return nil, errdefs.Conflictf("jail %s is %s; only a running jail can be stopped", j.Name, j.Status)
+	}
+	m.unwatch(e)
+	m.setState(e, func(j *Jail) { j.Status = StateStopping })
+	if err := m.backend.Stop(ctx, m.instance(e), grace); err != nil {
+		m.setState(e, func(j *Jail) { j.Status = StateError; j.Error = err.Error() })
+		return nil, err
+	}
+	now := time.Now().UTC()
+	m.setState(e, func(j *Jail) { j.Status = StateStopped; j.Pid = 0; j.StoppedAt = &now })
+	out := e.snapshot()
+	return &out, nil
+}
+
+// Destroy kills a jail's processes and releases everything it has.
+func (m *Manager) Destroy(ctx context.Context, ref string) error {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	j := e.snapshot()
+	if j.Status == StateDestroyed {
+		return errdefs.NotFoundf("no jail with id or name %q", ref)
+	}
+	m.unwatch(e)
+	if err := m.backend.Destroy(ctx, m.instance(e)); err != nil {
+		m.setState(e, func(j *Jail) { j.Status = StateError; j.Error = "destroy: " + err.Error() })
+		return fmt.Errorf("destroying jail %s: %w", j.Name, err)
+	}
+	if err := removeJailDir(e.dir); err != nil {
+		return fmt.Errorf("destroying jail %s: %w", j.Name, err)
+	}
+	e.mu.Lock()
+	e.rec.Status = StateDestroyed
+	e.mu.Unlock()
+	m.forget(e)
+	return nil
+}
+
+// removeJailDir deletes a jail's directory, refusing when anything is
+// still mounted below it (deleting through a mount would destroy data).
+func removeJailDir(dir string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	prefix := dir + "/"
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], prefix)) {
+			return errdefs.Conflictf("%s is still mounted; not removing the jail directory", f[4])
+		}
+	}
+	return os.RemoveAll(dir)
+}
+
+// recover loads every jail of the data dir and re-adopts running ones.
+func (m *Manager) recover(ctx context.Context) error {
+	dirs, err := os.ReadDir(filepath.Join(m.opts.DataDir, "jails"))
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if !d.IsDir() {
+			continue
+		}
+		dir := m.jailDir(d.Name())
+		data, err := os.ReadFile(filepath.Join(dir, "jail.json"))
+		if err != nil {
+			m.log.Warn("jail directory without a record: releasing it", "dir", dir)
+			cfg := config.Config{}
+			cfg.ApplyDefaults()
+			inst := backend.Instance{ID: d.Name(), Dir: dir, Config: &cfg}
+			if err := m.backend.Destroy(ctx, inst); err == nil {
+				_ = removeJailDir(dir)
+			}
+			continue
+		}
+		e := &entry{dir: dir}
+		if err := json.Unmarshal(data, &e.rec); err != nil {
+			m.log.Error("unreadable jail record; leaving it alone", "dir", dir, "err", err)
+			continue
+		}
+		m.jails[e.rec.ID] = e
+		m.names[e.rec.Name] = e.rec.ID
+		switch e.rec.Status {
+		case StateRunning, StateStarting, StateStopping:
+			st, err := m.backend.Status(ctx, m.instance(e))
+			if err == nil && st.Running && e.rec.Status == StateRunning {
+				e.rec.Pid = st.Pid
+				m.log.Info("re-adopted running jail", "jail", e.rec.ID, "pid", st.Pid)
+				m.watch(e, st.Pid)
+				continue
+			}
+			if err := m.backend.Stop(ctx, m.instance(e), 0); err != nil {
+				m.log.Error("stopping a jail found half-way", "jail", e.rec.ID, "err", err)
+			}
+			now := time.Now().UTC()
+			e.rec.Status, e.rec.Pid, e.rec.StoppedAt = StateStopped, 0, &now
+			if err := m.persist(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Health reports the daemon's state.
+func (m *Manager) Health(ctx context.Context) Health {
+	caps := m.backend.Capabilities()
+	h := Health{Status: "ok", Version: Version, Checks: map[string]Check{}, Backend: map[string]string{
+		"level": caps.Level, "runtime": caps.Runtime, "cgroups": cgroups.Mode(),
+	}}
+	m.mu.Lock()
+	h.Jails = len(m.jails)
+	for _, e := range m.jails {
+		if e.snapshot().Status == StateRunning {
+			h.Running++
+		}
+	}
+	m.mu.Unlock()
+	pool := filepath.Join(m.opts.DataDir, "pool")
+	if ok, err := storage.IsMounted(pool); err != nil || !ok {
+		h.Checks["storage"] = Check{OK: false, Message: fmt.Sprintf("storage pool %s is not mounted", pool)}
+		h.Status = "degraded"
+	} else {
+		h.Checks["storage"] = Check{OK: true}
+	}
+	h.Checks["runtime"] = Check{OK: true, Message: caps.Runtime}
+	h.Checks["checkpoint"] = Check{OK: caps.Checkpoint, Message: caps.CheckpointReason}
+	return h
+}
+
+// Teardown destroys every jail of dataDir and releases its storage pool:
+// for tests and uninstalling. A data dir that holds nothing is left alone.
+func Teardown(ctx context.Context, dataDir, runtimeBinary string) error {
+	if _, err := os.Stat(filepath.Join(dataDir, "storage.img")); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	m, err := NewManager(ctx, Options{DataDir: dataDir, RuntimeBinary: runtimeBinary, WarmDisks: -1})
+	if err != nil {
+		return err
+	}
+	list, _ := m.List(ctx)
+	var errs []error
+	for _, j := range list {
+		if err := m.Destroy(ctx, j.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, m.Close())
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return storage.Teardown(m.opts.DataDir)
+}

@@ -1,0 +1,305 @@
+package jail
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initclient"
+	"github.com/agentjail/agentjail/internal/initproto"
+)
+
+// running returns the jail's instance and init client, or ErrConflict when
+// it does not run.
+func (m *Manager) running(ref string) (backend.Instance, *initclient.Client, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return backend.Instance{}, nil, err
+	}
+	j := e.snapshot()
+	if j.Status != StateRunning {
+		return backend.Instance{}, nil, errdefs.Conflictf("jail %s is %s; it must be running", j.Name, j.Status)
+	}
+	inst := m.instance(e)
+	return inst, m.backend.Control(inst), nil
+}
+
+// cappedBuffer keeps the first max bytes written to it.
+type cappedBuffer struct {
+	buf       bytes.Buffer
+	max       int
+	truncated bool
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	room := c.max - c.buf.Len()
+	if room < len(p) {
+		c.truncated = true
+		if room > 0 {
+			c.buf.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	return c.buf.Write(p)
+}
+
+// streamWriter forwards writes to an ExecOutput.
+type streamWriter struct {
+	name string
+	out  ExecOutput
+}
+
+func (s streamWriter) Write(p []byte) (int, error) {
+	if err := s.out(s.name, p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func validateExec(req *ExecRequest) error {
+	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+		return errdefs.Invalidf("cmd: at least the program name is required")
+	}
+	for i, a := range req.Cmd {
+		if strings.ContainsRune(a, 0) {
+			return errdefs.Invalidf("cmd[%d]: NUL byte in argument", i)
+		}
+	}
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return errdefs.Invalidf("env: invalid variable %q", k)
+		}
+	}
+	if req.Cwd != "" && !path.IsAbs(req.Cwd) {
+		return errdefs.Invalidf("cwd: %q must be an absolute path in the jail", req.Cwd)
+	}
+	if req.TimeoutMs < 0 {
+		return errdefs.Invalidf("timeout_ms: %d must not be negative", req.TimeoutMs)
+	}
+	return nil
+}
+
+// Exec runs a command in a running jail. With out == nil the output is
+// buffered (each stream capped at MaxExecOutput); otherwise it is streamed
+// to out as it happens. Cancelling ctx kills the command and its
+// descendants.
+func (m *Manager) Exec(ctx context.Context, ref string, req ExecRequest, out ExecOutput) (*ExecResult, error) {
+	if err := validateExec(&req); err != nil {
+		return nil, err
+	}
+	inst, client, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	env := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	slices.Sort(env)
+	var stdout, stderr io.Writer
+	var bout, berr *cappedBuffer
+	if out == nil {
+		bout = &cappedBuffer{max: MaxExecOutput}
+		berr = &cappedBuffer{max: MaxExecOutput}
+		stdout, stderr = bout, berr
+	} else {
+		stdout, stderr = streamWriter{"stdout", out}, streamWriter{"stderr", out}
+	}
+	var stdin io.Reader
+	if req.Stdin != "" {
+		stdin = strings.NewReader(req.Stdin)
+	}
+	oomBefore := m.oomKills(ctx, inst)
+	start := time.Now()
+	st, err := client.Exec(ctx, initproto.ExecRequest{
+		Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs,
+	}, stdin, stdout, stderr)
+	if err != nil {
+		return nil, err
+	}
+	res := &ExecResult{
+		ExitCode:   st.Code,
+		Signal:     st.Signal,
+		TimedOut:   st.TimedOut,
+		DurationMs: float64(time.Since(start).Microseconds()) / 1000,
+	}
+	if st.Signal != "" {
+		if n := unix.SignalNum(st.Signal); n != 0 {
+			res.ExitCode = 128 + int(n)
+		}
+		if st.Signal == "SIGKILL" && !st.TimedOut && m.oomKills(ctx, inst) > oomBefore {
+			res.OOMKilled = true
+		}
+	}
+	if bout != nil {
+		res.Stdout, res.Stderr = bout.buf.String(), berr.buf.String()
+		res.Truncated = bout.truncated || berr.truncated
+	}
+	return res, nil
+}
+
+func (m *Manager) oomKills(ctx context.Context, inst backend.Instance) uint64 {
+	st, err := m.backend.Stats(ctx, inst)
+	if err != nil {
+		return 0
+	}
+	return st.OOMKills
+}
+
+func fileInfo(fi initproto.FileInfo) FileInfo {
+	return FileInfo{
+		Name:       fi.Name,
+		Path:       fi.Path,
+		Type:       fi.Type,
+		Size:       fi.Size,
+		Mode:       fi.Mode,
+		ModTime:    fi.ModTime,
+		UID:        fi.UID,
+		GID:        fi.GID,
+		LinkTarget: fi.LinkTarget,
+	}
+}
+
+func checkPath(p string) error {
+	if !path.IsAbs(p) {
+		return errdefs.Invalidf("path %q must be absolute in the jail", p)
+	}
+	if strings.ContainsRune(p, 0) {
+		return errdefs.Invalidf("path: NUL byte")
+	}
+	return nil
+}
+
+// Stat describes a path in a running jail (without following a final symlink).
+func (m *Manager) Stat(ctx context.Context, ref, p string) (*FileInfo, error) {
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.Stat(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	out := fileInfo(fi)
+	return &out, nil
+}
+
+// ReadDir lists a directory of a running jail.
+func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]FileInfo, error) {
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	list, err := c.ReadDir(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]FileInfo, len(list))
+	for i, fi := range list {
+		out[i] = fileInfo(fi)
+	}
+	return out, nil
+}
+
+// ReadFile opens a file of a running jail; the caller closes the reader.
+func (m *Manager) ReadFile(ctx context.Context, ref, p string) (*FileInfo, io.ReadCloser, error) {
+	if err := checkPath(p); err != nil {
+		return nil, nil, err
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, rc, err := c.ReadFile(ctx, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := fileInfo(fi)
+	return &out, rc, nil
+}
+
+// WriteFile writes r to a file of a running jail, creating parents.
+func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts WriteOptions) (*FileInfo, error) {
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.WriteFile(ctx, p, r, initproto.WriteOptions{Mode: opts.Mode, User: opts.User, MkdirParents: true})
+	if err != nil {
+		return nil, err
+	}
+	out := fileInfo(fi)
+	return &out, nil
+}
+
+// Mkdir creates a directory (and its parents) in a running jail.
+func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts WriteOptions) (*FileInfo, error) {
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.Mkdir(ctx, p, initproto.WriteOptions{Mode: opts.Mode, User: opts.User, MkdirParents: true})
+	if err != nil {
+		return nil, err
+	}
+	out := fileInfo(fi)
+	return &out, nil
+}
+
+// Remove deletes a path of a running jail (a directory only when recursive
+// or empty).
+func (m *Manager) Remove(ctx context.Context, ref, p string, recursive bool) error {
+	if err := checkPath(p); err != nil {
+		return err
+	}
+	if p == "/" {
+		return errdefs.Forbiddenf("refusing to remove the jail's root")
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return err
+	}
+	return c.Remove(ctx, p, recursive)
+}
+
+// Access tells whether user (default: the jail's) may read or write path.
+func (m *Manager) Access(ctx context.Context, ref, p, mode, user string) (*AccessResult, error) {
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	if mode != "read" && mode != "write" {
+		return nil, errdefs.Invalidf("access: mode %q must be read or write", mode)
+	}
+	inst, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	if user == "" {
+		user = inst.Config.Isolation.Process.User
+	}
+	ok, reason, err := c.Access(ctx, p, mode == "write", user)
+	if err != nil {
+		return nil, err
+	}
+	return &AccessResult{Path: p, Mode: mode, User: user, Accessible: ok, Reason: reason}, nil
+}

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds and installs CRIU >= 4.1 at /usr/local/sbin/criu.
+#
+# Debian 12 ships CRIU 3.17, which fails on every command on kernels >= 6.13
+# (the vDSO "vvar_vclock" split, fixed in CRIU 4.1). The trixie binary package
+# needs a newer libc, so this script builds CRIU 4.1.1 from trixie's source
+# package against bookworm's libraries.
+#
+# Idempotent: it does nothing when a criu >= 4.1 is on PATH and `criu check`
+# passes. Run as root. Environment:
+#   CRIU_VERSION   upstream version to build (default 4.1.1)
+#   CRIU_PREFIX    install directory of the binary (default /usr/local/sbin)
+set -euo pipefail
+
+CRIU_VERSION=${CRIU_VERSION:-4.1.1}
+CRIU_PREFIX=${CRIU_PREFIX:-/usr/local/sbin}
+MIN_MAJOR=4
+MIN_MINOR=1
+MIRROR=http://deb.debian.org/debian
+SOURCES_FILE=/etc/apt/sources.list.d/agentjail-trixie-src.sources
+BUILD_DEPS=(libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+	python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev libnftables-dev
+	libgnutls28-dev libaio-dev uuid-dev pkg-config gcc make xz-utils dpkg-dev curl
+	ca-certificates iptables)
+
+# The installed binary must win over Debian's /usr/sbin/criu.
+export PATH="$CRIU_PREFIX:$PATH"
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf 'build-criu: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+# criu_ok reports whether the criu on PATH is >= MIN_MAJOR.MIN_MINOR and
+# passes `criu check` on this kernel.
+criu_ok() {
+	local out ver major minor
+	command -v criu >/dev/null 2>&1 || return 1
+	out=$(criu --version 2>/dev/null) || return 1
+	ver=$(printf '%s\n' "$out" | sed -n 's/^Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1)
+	[ -n "$ver" ] || return 1
+	major=${ver%%.*}
+	minor=${ver#*.}
+	minor=${minor%%.*}
+	if ((major < MIN_MAJOR || (major == MIN_MAJOR && minor < MIN_MINOR))); then
+		log "criu $ver at $(command -v criu) is older than $MIN_MAJOR.$MIN_MINOR"
+		return 1
+	fi
+	if ! criu check >/dev/null 2>&1; then
+		log "criu $ver at $(command -v criu) fails 'criu check'"
+		return 1
+	fi
+	return 0
+}
+
+# missing_pkgs prints the packages of "$@" that are not installed.
+missing_pkgs() {
+	local p
+	for p in "$@"; do
+		if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+			printf '%s\n' "$p"
+		fi
+	done
+}
+
+# add_trixie_sources adds a deb-src entry for trixie (sources only: no
+# binary package of trixie can be installed through it).
+add_trixie_sources() {
+	if [ -f "$SOURCES_FILE" ]; then
+		return 0
+	fi
+	cat >"$SOURCES_FILE" <<EOF
+# Added by agentjail's scripts/build-criu.sh: source packages of Debian 13
+# (trixie), used to build CRIU >= 4.1 on Debian 12.
+Types: deb-src
+URIs: $MIRROR
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+}
+
+# fetch_source downloads and unpacks the CRIU source into $1/src and checks
+# the tarball against the signed trixie Sources index.
+fetch_source() {
+	local dir=$1 want sha got url
+	(cd "$dir" && apt-get source --download-only "criu=$CRIU_VERSION-*" >/dev/null 2>&1) ||
+		log "apt-get source criu failed (the .dsc may be missing on the mirror); downloading the upstream tarball"
+	local tarball="$dir/criu_$CRIU_VERSION.orig.tar.xz"
+	if [ ! -s "$tarball" ]; then
+		url="$MIRROR/pool/main/c/criu/criu_$CRIU_VERSION.orig.tar.xz"
+		curl -fsSL --retry 3 -o "$tarball" "$url" || die "downloading $url failed"
+	fi
+	# The checksum of the tarball as the signed trixie Sources index lists it.
+	want="criu_$CRIU_VERSION.orig.tar.xz"
+	sha=$(apt-cache showsrc criu 2>/dev/null |
+		awk -v f="$want" '/^Checksums-Sha256:/{s=1;next} /^[^ ]/{s=0} s && $3==f {print $1; exit}')
+	if [ -n "$sha" ]; then
+		got=$(sha256sum "$tarball" | cut -d' ' -f1)
+		[ "$got" = "$sha" ] || die "$want: sha256 $got does not match the trixie index ($sha)"
+		log "$want: sha256 matches the signed trixie index"
+	else
+		die "$want is not listed in the trixie Sources index (apt-cache showsrc criu); cannot verify it"
+	fi
+	mkdir -p "$dir/src"
+	tar -xJf "$tarball" -C "$dir/src" --strip-components=1
+}
+
+main() {
+	[ "$(id -u)" -eq 0 ] || die "must run as root (it installs packages and $CRIU_PREFIX/criu)"
+	if criu_ok; then
+		log "criu $(criu --version | sed -n 's/^Version: *//p') at $(command -v criu) works; nothing to do"
+		return 0
+	fi
+	local start=$SECONDS
+	add_trixie_sources
+	local missing
+	missing=$(missing_pkgs "${BUILD_DEPS[@]}")
+	# The trixie Sources index is needed to verify the tarball; fetch the
+	# lists when it is absent or build deps are missing.
+	if [ -n "$missing" ] || ! apt-cache showsrc criu 2>/dev/null | grep -q "^Version: $CRIU_VERSION"; then
+		log "apt-get update"
+		apt-get update -qq
+	fi
+	if [ -n "$missing" ]; then
+		log "installing build dependencies: $(echo $missing)"
+		# shellcheck disable=SC2086 # one package per word
+		apt-get install -y -qq --no-install-recommends $missing >/dev/null
+	fi
+
+	WORK=$(mktemp -d /var/tmp/agentjail-criu.XXXXXX)
+	trap 'rm -rf "$WORK"' EXIT
+	fetch_source "$WORK"
+	log "building criu $CRIU_VERSION (make criu)"
+	make -C "$WORK/src" -j"$(nproc)" criu >"$WORK/build.log" 2>&1 || {
+		tail -n 40 "$WORK/build.log" >&2
+		die "make criu failed"
+	}
+	install -D -m 0755 "$WORK/src/criu/criu" "$CRIU_PREFIX/criu"
+	hash -r
+	criu_ok || die "the built criu at $CRIU_PREFIX/criu does not pass 'criu check'"
+	log "installed criu $CRIU_VERSION at $CRIU_PREFIX/criu in $((SECONDS - start)) s"
+}
+
+main "$@"

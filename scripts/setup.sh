@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Prepares a Debian 12 host to build, run and test agentjail.
+#
+# Installs the Debian packages the daemon and its tests use, builds CRIU >= 4.1
+# when the installed one is missing, too old or broken (scripts/build-criu.sh),
+# and checks that Go >= 1.26 is on PATH. Idempotent and fast when everything
+# is present: packages are checked with dpkg-query and `apt-get update` runs
+# only when one is missing. Must run as root.
+set -euo pipefail
+
+GO_MIN_MAJOR=1
+GO_MIN_MINOR=26
+PACKAGES=(runc iptables nftables iproute2 xfsprogs btrfs-progs util-linux strace python3
+	git curl ca-certificates tshark procps psmisc tmux asciinema)
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export DEBIAN_FRONTEND=noninteractive
+export PATH="/usr/local/sbin:/usr/local/go/bin:$PATH"
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+[ "$(id -u)" -eq 0 ] || die "must run as root: agentjail creates mounts, loop devices, cgroups and network namespaces (try: sudo make setup)"
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing+=("$p")
+	fi
+done
+if ((${#missing[@]} > 0)); then
+	log "installing: ${missing[*]}"
+	# tshark asks whether non-root users may capture; answer no.
+	echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+"$here/build-criu.sh"
+
+command -v go >/dev/null 2>&1 || die "go is not on PATH (expected at /usr/local/go/bin); install Go >= $GO_MIN_MAJOR.$GO_MIN_MINOR"
+gover=$(go env GOVERSION)
+v=${gover#go}
+major=${v%%.*}
+minor=${v#*.}
+minor=${minor%%[!0-9]*}
+if ((major < GO_MIN_MAJOR || (major == GO_MIN_MAJOR && minor < GO_MIN_MINOR))); then
+	die "$gover at $(command -v go) is older than go$GO_MIN_MAJOR.$GO_MIN_MINOR"
+fi
+log "ok: packages present, criu $(criu --version | sed -n 's/^Version: *//p'), $gover"
