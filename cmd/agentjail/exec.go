@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/client"
+)
+
+// Exit statuses of exec and run beyond the command's own.
+const (
+	exitTimedOut    = 124 // the command's --timeout expired (as timeout(1))
+	exitInterrupted = 130 // this process got SIGINT or SIGTERM
+)
+
+// rmTimeout bounds run --rm's cleanup, which runs after an interrupt too.
+const rmTimeout = time.Minute
+
+func newExecCmd(g *globals) *cobra.Command {
+	var ef execFlags
+	var env []string
+	cmd := &cobra.Command{
+		Use:   "exec [flags] JAIL [--] CMD [ARG...]",
+		Short: "Run a command in a running jail, streaming its output",
+		Long: `Run a command in a running jail. Its stdout and stderr are written here as
+they happen; agentjail exits with the command's status (128+N when killed by
+signal N, 124 when --timeout expired). With -i, this process's stdin is read
+to its end and then given to the command.`,
+		Args: usageArgs(cobra.MinimumNArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref, argv := args[0], args[1:]
+			if argv[0] == "--" {
+				argv = argv[1:]
+			}
+			if len(argv) == 0 {
+				return usageError{errors.New("exec: no command given after the jail")}
+			}
+			envMap, err := parseEnv("--env", env)
+			if err != nil {
+				return usageError{err}
+			}
+			req, err := ef.request(argv, envMap, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			return streamExec(cmd, c, ref, req)
+		},
+	}
+	// Flags go before the jail; everything after it is the command.
+	cmd.Flags().SetInterspersed(false)
+	ef.register(cmd.Flags())
+	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE added to the command's environment (repeatable)")
+	return cmd
+}
+
+// streamExec runs req in the jail, writing its output live, and returns
+// the command's exit status as an exitCode (nil for 0).
+func streamExec(cmd *cobra.Command, c *client.Client, ref string, req client.ExecRequest) error {
+	stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	res, err := c.ExecStream(cmd.Context(), ref, req, func(stream string, data []byte) error {
+		w := stdout
+		if stream == "stderr" {
+			w = stderr
+		}
+		_, err := w.Write(data)
+		return err
+	})
+	if err != nil {
+		if cmd.Context().Err() != nil {
+			return exitCode(exitInterrupted)
+		}
+		return err
+	}
+	if code := resultStatus(res); code != 0 {
+		return exitCode(code)
+	}
+	return nil
+}
+
+// resultStatus is the exit status that reflects a command's result.
+func resultStatus(res *client.ExecResult) int {
+	switch {
+	case res.TimedOut:
+		return exitTimedOut
+	case res.Signal != "" && res.ExitCode < 128:
+		if n := unix.SignalNum(res.Signal); n != 0 {
+			return 128 + int(n)
+		}
+	}
+	return res.ExitCode
+}
+
+func newRunCmd(g *globals) *cobra.Command {
+	var cf createFlags
+	var ef execFlags
+	var rm bool
+	cmd := &cobra.Command{
+		Use:   "run [--rm] [flags] [--] CMD [ARG...]",
+		Short: "Create a jail, run one command in it, and exit with its status",
+		Long: `Create and start a jail, run CMD in it streaming its output, and exit with its
+status. With --rm the jail is destroyed afterwards, also when interrupted.`,
+		Args: usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] == "--" {
+				args = args[1:]
+			}
+			if len(args) == 0 {
+				return usageError{errors.New("run: no command given")}
+			}
+			creq, err := cf.request(cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			if cf.file == "-" && ef.stdin {
+				return usageError{errors.New("run: -f - and -i both read stdin")}
+			}
+			ereq, err := ef.request(args, nil, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			j, err := c.Create(cmd.Context(), creq)
+			if err != nil {
+				return err
+			}
+			runErr := streamExec(cmd, c, j.ID, ereq)
+			if rm {
+				// The command's context may be cancelled (Ctrl-C); clean up
+				// on a context of our own.
+				ctx, cancel := context.WithTimeout(context.Background(), rmTimeout)
+				defer cancel()
+				if err := removeJail(ctx, c, j.ID, true); err != nil {
+					err = fmt.Errorf("removing jail %s: %w", j.ID, err)
+					if runErr == nil {
+						return err
+					}
+					// Keep the command's status; still say what was left behind.
+					fmt.Fprintf(cmd.ErrOrStderr(), "agentjail: %v\n", err)
+				}
+			} else if !g.json {
+				fmt.Fprintf(cmd.ErrOrStderr(), "agentjail: jail %s kept (remove it with: agentjail rm -f %s)\n", j.ID, j.ID)
+			}
+			return runErr
+		},
+	}
+	cmd.Flags().SetInterspersed(false)
+	cf.register(cmd.Flags(), false)
+	ef.register(cmd.Flags())
+	cmd.Flags().BoolVar(&rm, "rm", false, "destroy the jail when the command ends")
+	return cmd
+}

@@ -1,0 +1,424 @@
+// Package apitest is an in-memory implementation of api.Service for tests
+// of the HTTP layer, the client and the CLI: jails are records with a
+// state, files live in a map, and exec understands a few commands. It
+// runs no processes and touches no disk.
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/jail"
+)
+
+// Service is an in-memory api.Service. Its zero value is not usable; use
+// New. Hooks, when set, replace the built-in behaviour of a method.
+type Service struct {
+	// ExecHook, when set, runs instead of the built-in commands.
+	ExecHook func(ctx context.Context, ref string, req jail.ExecRequest, out jail.ExecOutput) (*jail.ExecResult, error)
+	// WriteHook, when set, runs instead of the built-in WriteFile.
+	WriteHook func(ctx context.Context, ref, p string, r io.Reader, opts jail.WriteOptions) (*jail.FileInfo, error)
+
+	mu    sync.Mutex
+	jails map[string]*fakeJail
+	next  int
+	// Stops records the grace of every Stop call, in order.
+	Stops []time.Duration
+}
+
+type fakeJail struct {
+	j     jail.Jail
+	files map[string]*node
+}
+
+type node struct {
+	dir   bool
+	data  []byte
+	mode  uint32
+	mtime time.Time
+	link  string
+}
+
+// New returns an empty Service.
+func New() *Service { return &Service{jails: map[string]*fakeJail{}} }
+
+func (s *Service) lookup(ref string) (*fakeJail, error) {
+	if fj, ok := s.jails[ref]; ok {
+		return fj, nil
+	}
+	for _, fj := range s.jails {
+		if fj.j.Name == ref {
+			return fj, nil
+		}
+	}
+	return nil, errdefs.NotFoundf("no jail with id or name %q", ref)
+}
+
+func (s *Service) running(ref string) (*fakeJail, error) {
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	if fj.j.Status != jail.StateRunning {
+		return nil, errdefs.Conflictf("jail %s is %s, not running", fj.j.Name, fj.j.Status)
+	}
+	return fj, nil
+}
+
+// Create makes a jail record, running unless req.Start is false.
+func (s *Service) Create(_ context.Context, req jail.CreateRequest) (*jail.Jail, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	id := fmt.Sprintf("%012x", s.next)
+	name := req.Name
+	if name == "" {
+		name = id
+	}
+	if err := config.ValidName(name); err != nil {
+		return nil, err
+	}
+	if _, err := s.lookup(name); err == nil {
+		return nil, errdefs.Conflictf("name %q: taken", name)
+	}
+	cfg := req.Config
+	cfg.ApplyDefaults()
+	now := time.Now().UTC()
+	fj := &fakeJail{
+		j:     jail.Jail{ID: id, Name: name, Status: jail.StateCreated, CreatedAt: now, Config: cfg},
+		files: map[string]*node{"/": {dir: true, mode: 0o755, mtime: now}, "/workspace": {dir: true, mode: 0o755, mtime: now}},
+	}
+	if req.Start == nil || *req.Start {
+		fj.j.Status, fj.j.StartedAt, fj.j.Pid = jail.StateRunning, &now, 4242
+	}
+	s.jails[id] = fj
+	out := fj.j
+	return &out, nil
+}
+
+// List returns every jail.
+func (s *Service) List(context.Context) ([]*jail.Jail, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*jail.Jail
+	for _, fj := range s.jails {
+		j := fj.j
+		out = append(out, &j)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out, nil
+}
+
+// Get returns one jail with made-up stats while it runs.
+func (s *Service) Get(_ context.Context, ref string) (*jail.Jail, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	j := fj.j
+	if j.Status == jail.StateRunning {
+		r := j.Config.Isolation.Resources
+		j.Stats = &jail.Stats{MemoryBytes: 1 << 20, MemoryLimitBytes: uint64(r.MemoryBytes), Pids: 1, PidsLimit: uint64(r.PidsLimit), DiskLimitBytes: uint64(r.DiskBytes)}
+	}
+	return &j, nil
+}
+
+// Start moves a created or stopped jail to running.
+func (s *Service) Start(_ context.Context, ref string) (*jail.Jail, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	if fj.j.Status != jail.StateCreated && fj.j.Status != jail.StateStopped {
+		return nil, errdefs.Conflictf("jail %s is %s", fj.j.Name, fj.j.Status)
+	}
+	now := time.Now().UTC()
+	fj.j.Status, fj.j.StartedAt, fj.j.Pid = jail.StateRunning, &now, 4242
+	out := fj.j
+	return &out, nil
+}
+
+// Stop moves a running jail to stopped and records grace in Stops.
+func (s *Service) Stop(_ context.Context, ref string, grace time.Duration) (*jail.Jail, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	s.Stops = append(s.Stops, grace)
+	now := time.Now().UTC()
+	fj.j.Status, fj.j.StoppedAt, fj.j.Pid = jail.StateStopped, &now, 0
+	out := fj.j
+	return &out, nil
+}
+
+// Destroy forgets a jail.
+func (s *Service) Destroy(_ context.Context, ref string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return err
+	}
+	delete(s.jails, fj.j.ID)
+	return nil
+}
+
+// Exec runs ExecHook if set, else one of the built-in commands:
+// "echo ARGS..." (stdout), "cat" (stdin to stdout), "fail CODE MSG" (MSG
+// to stderr, exit CODE), "kill SIGNAME" (killed by the signal).
+func (s *Service) Exec(ctx context.Context, ref string, req jail.ExecRequest, out jail.ExecOutput) (*jail.ExecResult, error) {
+	s.mu.Lock()
+	_, err := s.running(ref)
+	hook := s.ExecHook
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Cmd) == 0 {
+		return nil, errdefs.Invalidf("cmd: at least the program is required")
+	}
+	if hook != nil {
+		return hook(ctx, ref, req, out)
+	}
+	var stdout, stderr bytes.Buffer
+	res := &jail.ExecResult{}
+	switch req.Cmd[0] {
+	case "echo":
+		stdout.WriteString(strings.Join(req.Cmd[1:], " ") + "\n")
+	case "cat":
+		stdout.WriteString(req.Stdin)
+	case "fail":
+		if len(req.Cmd) != 3 {
+			return nil, errdefs.Invalidf("fail: usage fail CODE MSG")
+		}
+		res.ExitCode, _ = strconv.Atoi(req.Cmd[1])
+		stderr.WriteString(req.Cmd[2])
+	case "kill":
+		res.Signal, res.ExitCode = req.Cmd[1], 137
+	default:
+		return nil, errdefs.NotFoundf("cmd[0]: %q: executable not found", req.Cmd[0])
+	}
+	if out == nil {
+		res.Stdout, res.Stderr = stdout.String(), stderr.String()
+		return res, nil
+	}
+	for _, c := range []struct {
+		name string
+		b    []byte
+	}{{"stdout", stdout.Bytes()}, {"stderr", stderr.Bytes()}} {
+		if len(c.b) > 0 {
+			if err := out(c.name, c.b); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return res, nil
+}
+
+func (fj *fakeJail) info(p string) (*jail.FileInfo, error) {
+	n, ok := fj.files[p]
+	if !ok {
+		return nil, errdefs.NotFoundf("%s: no such file or directory", p)
+	}
+	fi := &jail.FileInfo{Name: path.Base(p), Path: p, Type: "file", Size: int64(len(n.data)), Mode: fmt.Sprintf("%04o", n.mode), ModTime: n.mtime, UID: 1000, GID: 1000}
+	switch {
+	case n.dir:
+		fi.Type, fi.Size = "dir", 0
+	case n.link != "":
+		fi.Type, fi.LinkTarget = "symlink", n.link
+	}
+	return fi, nil
+}
+
+// AddSymlink adds a symlink to a jail's file tree.
+func (s *Service) AddSymlink(ref, p, target string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return err
+	}
+	fj.files[p] = &node{link: target, mode: 0o777, mtime: time.Now()}
+	return nil
+}
+
+// Stat describes a path.
+func (s *Service) Stat(_ context.Context, ref, p string) (*jail.FileInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	return fj.info(p)
+}
+
+// ReadDir lists a directory, sorted by name.
+func (s *Service) ReadDir(_ context.Context, ref, p string) ([]jail.FileInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	if n, ok := fj.files[p]; !ok || !n.dir {
+		return nil, errdefs.Invalidf("%s: not a directory", p)
+	}
+	var out []jail.FileInfo
+	for q := range fj.files {
+		if q != "/" && path.Dir(q) == p {
+			fi, _ := fj.info(q)
+			out = append(out, *fi)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	return out, nil
+}
+
+// ReadFile opens a regular file.
+func (s *Service) ReadFile(_ context.Context, ref, p string) (*jail.FileInfo, io.ReadCloser, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := fj.info(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	if fi.Type != "file" {
+		return nil, nil, errdefs.Invalidf("%s: not a regular file", p)
+	}
+	return fi, io.NopCloser(bytes.NewReader(fj.files[p].data)), nil
+}
+
+func (fj *fakeJail) mkdirAll(p string, mode uint32) {
+	for d := p; d != "/"; d = path.Dir(d) {
+		if _, ok := fj.files[d]; !ok {
+			fj.files[d] = &node{dir: true, mode: mode, mtime: time.Now()}
+		}
+	}
+}
+
+// WriteFile runs WriteHook if set, else stores r's bytes (creating parents).
+func (s *Service) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts jail.WriteOptions) (*jail.FileInfo, error) {
+	if s.WriteHook != nil {
+		return s.WriteHook(ctx, ref, p, r, opts)
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("writing %s: %w", p, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	if n, ok := fj.files[p]; ok && n.dir {
+		return nil, errdefs.Conflictf("%s: is a directory", p)
+	}
+	mode := opts.Mode
+	if mode == 0 {
+		mode = 0o644
+	}
+	fj.mkdirAll(path.Dir(p), 0o755)
+	fj.files[p] = &node{data: data, mode: mode, mtime: time.Now()}
+	return fj.info(p)
+}
+
+// Mkdir creates a directory and its parents.
+func (s *Service) Mkdir(_ context.Context, ref, p string, opts jail.WriteOptions) (*jail.FileInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	mode := opts.Mode
+	if mode == 0 {
+		mode = 0o755
+	}
+	fj.mkdirAll(path.Dir(p), 0o755)
+	if n, ok := fj.files[p]; ok {
+		if !n.dir {
+			return nil, errdefs.Conflictf("%s: exists and is not a directory", p)
+		}
+		n.mode = mode
+	} else {
+		fj.files[p] = &node{dir: true, mode: mode, mtime: time.Now()}
+	}
+	return fj.info(p)
+}
+
+// Remove deletes a path; a non-empty directory needs recursive.
+func (s *Service) Remove(_ context.Context, ref, p string, recursive bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return err
+	}
+	if _, ok := fj.files[p]; !ok {
+		return errdefs.NotFoundf("%s: no such file or directory", p)
+	}
+	for q := range fj.files {
+		if strings.HasPrefix(q, p+"/") {
+			if !recursive {
+				return errdefs.Conflictf("%s: directory not empty", p)
+			}
+			delete(fj.files, q)
+		}
+	}
+	delete(fj.files, p)
+	return nil
+}
+
+// Access answers that every existing path is accessible.
+func (s *Service) Access(_ context.Context, ref, p, mode, user string) (*jail.AccessResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	if user == "" {
+		user = fj.j.Config.Isolation.Process.User
+	}
+	_, ok := fj.files[p]
+	res := &jail.AccessResult{Path: p, Mode: mode, User: user, Accessible: ok}
+	if !ok {
+		res.Reason = "no such file or directory"
+	}
+	return res, nil
+}
+
+// Health reports ok with the number of jails.
+func (s *Service) Health(context.Context) jail.Health {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := jail.Health{Status: "ok", Version: "test", Jails: len(s.jails), Checks: map[string]jail.Check{"memory": {OK: true}}}
+	for _, fj := range s.jails {
+		if fj.j.Status == jail.StateRunning {
+			h.Running++
+		}
+	}
+	return h
+}

@@ -1,0 +1,508 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+)
+
+const (
+	testPoolSize = 16 << 30
+	testDiskSize = 64 << 20
+)
+
+// requireRoot skips (fails under CI=true) when the test cannot manage loop
+// devices and mounts.
+func requireRoot(tb testing.TB) {
+	tb.Helper()
+	var missing string
+	switch {
+	case os.Geteuid() != 0:
+		missing = "root"
+	default:
+		for _, name := range []string{"mkfs.xfs", "mkfs.btrfs"} {
+			if _, err := tool(name, name); err != nil {
+				missing = name
+			}
+		}
+		if _, err := os.Stat("/dev/loop-control"); err != nil {
+			missing = "/dev/loop-control"
+		}
+	}
+	if missing == "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		tb.Fatalf("test needs %s", missing)
+	}
+	tb.Skipf("test needs %s", missing)
+}
+
+// openTestPool opens a pool in a fresh data dir and tears it down after the
+// test, checking that no loop device is left.
+func openTestPool(tb testing.TB, defaultSize int64, warm int) (*Pool, string) {
+	tb.Helper()
+	requireRoot(tb)
+	dataDir := tb.TempDir()
+	p, err := OpenPool(dataDir, testPoolSize, defaultSize, warm)
+	if err != nil {
+		tb.Fatalf("OpenPool: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+		if err := Teardown(dataDir); err != nil {
+			tb.Errorf("Teardown: %v", err)
+		}
+		waitNoLoops(tb, dataDir)
+	})
+	return p, dataDir
+}
+
+// waitNoLoops waits (bounded) until no loop device is bound to a file under
+// dir; autoclear releases devices as their last user closes them.
+func waitNoLoops(tb testing.TB, dir string) {
+	tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		devs, err := LoopDevicesFor(dir)
+		if err != nil {
+			tb.Fatalf("LoopDevicesFor: %v", err)
+		}
+		if len(devs) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("loop devices left for %s: %v", dir, devs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitWarm waits (bounded) until the warm cache holds every disk it can.
+func waitWarm(tb testing.TB, p *Pool) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(p.warm) < cap(p.warm) || !p.refillBlocked() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("warm cache not filled: %d of %d queued", len(p.warm), cap(p.warm))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// refillBlocked reports whether the refill loop holds a ready disk: the
+// highest numbered warm mount point exists and is mounted.
+func (p *Pool) refillBlocked() bool {
+	ok, err := IsMounted(filepath.Join(p.dir, "warm", fmt.Sprint(p.seq.Load())))
+	return err == nil && ok
+}
+
+func TestDiskLimitIsENOSPC(t *testing.T) {
+	p, dataDir := openTestPool(t, testDiskSize, 0)
+	mnt := filepath.Join(dataDir, "jails", "a", "rootfs")
+	if err := p.CreateDisk("a", testDiskSize, mnt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { UnmountDisk(mnt) })
+
+	st, err := os.Stat(p.DiskPath("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != testDiskSize {
+		t.Fatalf("image size %d, want %d", st.Size(), testDiskSize)
+	}
+	used, total, err := Usage(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total == 0 || total > testDiskSize || used > total {
+		t.Fatalf("usage %d of %d for a %d-byte disk", used, total, testDiskSize)
+	}
+	for _, d := range []string{"upper", "work"} {
+		if fi, err := os.Stat(filepath.Join(mnt, d)); err != nil || !fi.IsDir() {
+			t.Fatalf("%s/ missing on the disk: %v", d, err)
+		}
+	}
+
+	lower := t.TempDir()
+	if err := os.WriteFile(filepath.Join(lower, "from-lower"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	merged := filepath.Join(mnt, "merged")
+	if err := MountOverlay([]string{lower}, filepath.Join(mnt, "upper"), filepath.Join(mnt, "work"), merged); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unmount(merged) })
+	if _, err := os.Stat(filepath.Join(merged, "from-lower")); err != nil {
+		t.Fatalf("lower file not visible in the overlay: %v", err)
+	}
+
+	f, err := os.Create(filepath.Join(merged, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	var written int64
+	for {
+		n, err := f.Write(buf)
+		written += int64(n)
+		if err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatalf("write stopped with %v, want ENOSPC", err)
+			}
+			break
+		}
+		if written > 2*testDiskSize {
+			t.Fatalf("wrote %d bytes to a %d-byte disk", written, testDiskSize)
+		}
+	}
+	if written < testDiskSize/2 {
+		t.Fatalf("only %d bytes fit on a %d-byte disk", written, testDiskSize)
+	}
+	if st, err := os.Stat(p.DiskPath("a")); err != nil || st.Size() != testDiskSize {
+		t.Fatalf("image grew past its size: %v %v", st.Size(), err)
+	}
+	// The pool itself (and so the host) still has room.
+	if used, total, err := Usage(filepath.Join(dataDir, "pool")); err != nil || total-used < testPoolSize/2 {
+		t.Fatalf("pool usage %d of %d: %v", used, total, err)
+	}
+	f.Close()
+	if err := Unmount(merged); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCreateDiskConflicts(t *testing.T) {
+	p, dataDir := openTestPool(t, testDiskSize, 0)
+	mnt := filepath.Join(dataDir, "jails", "a", "rootfs")
+	if err := p.CreateDisk("a", testDiskSize, mnt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { UnmountDisk(mnt) })
+	if err := p.CreateDisk("a", testDiskSize, filepath.Join(dataDir, "other")); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("second CreateDisk of a: %v, want ErrConflict", err)
+	}
+	if err := p.CreateDisk("b", testDiskSize, mnt); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("CreateDisk onto a mount point: %v, want ErrConflict", err)
+	}
+	if _, err := os.Stat(p.DiskPath("b")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("failed CreateDisk left %s: %v", p.DiskPath("b"), err)
+	}
+	if err := p.CreateDisk("c", MinDiskSize-1, filepath.Join(dataDir, "c")); !errors.Is(err, errdefs.ErrUnprocessable) {
+		t.Fatalf("tiny disk: %v, want ErrUnprocessable", err)
+	}
+	if err := p.CreateDisk("../x", testDiskSize, filepath.Join(dataDir, "x")); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("bad id: %v, want ErrInvalid", err)
+	}
+	if devs, _ := LoopDevicesFor(dataDir); len(devs) != 2 { // the pool and disk a
+		t.Fatalf("loop devices after failed creates: %v", devs)
+	}
+}
+
+func TestMountDiskAfterUnmount(t *testing.T) {
+	p, dataDir := openTestPool(t, testDiskSize, 0)
+	mnt := filepath.Join(dataDir, "jails", "a", "rootfs")
+	if err := p.CreateDisk("a", testDiskSize, mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "upper", "kept"), []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RemoveDisk("a"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("RemoveDisk of a mounted disk: %v, want ErrConflict", err)
+	}
+	if err := UnmountDisk(mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := UnmountDisk(mnt); err != nil {
+		t.Fatalf("second UnmountDisk: %v", err)
+	}
+	waitNoLoops(t, filepath.Join(dataDir, "pool"))
+
+	if err := p.MountDisk("a", mnt); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "upper", "kept")); err != nil || string(b) != "data" {
+		t.Fatalf("file after remount: %q %v", b, err)
+	}
+	if err := p.MountDisk("a", mnt); err != nil {
+		t.Fatalf("MountDisk where already mounted: %v", err)
+	}
+	if err := p.MountDisk("a", filepath.Join(dataDir, "elsewhere")); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("MountDisk of a disk in use: %v, want ErrConflict", err)
+	}
+	if err := p.CreateDisk("b", testDiskSize, filepath.Join(dataDir, "b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.MountDisk("b", mnt); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("MountDisk onto another disk: %v, want ErrConflict", err)
+	}
+	if err := p.MountDisk("missing", filepath.Join(dataDir, "m")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("MountDisk of a missing disk: %v, want ErrNotFound", err)
+	}
+	for _, m := range []string{mnt, filepath.Join(dataDir, "b")} {
+		if err := UnmountDisk(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitNoLoops(t, filepath.Join(dataDir, "pool"))
+	for _, id := range []string{"a", "b", "a"} {
+		if err := p.RemoveDisk(id); err != nil {
+			t.Fatalf("RemoveDisk(%s): %v", id, err)
+		}
+	}
+	if _, err := os.Stat(p.DiskPath("a")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("disk image still there: %v", err)
+	}
+}
+
+func TestWarmDisk(t *testing.T) {
+	p, dataDir := openTestPool(t, testDiskSize, 2)
+	waitWarm(t, p)
+	warmBefore := p.seq.Load()
+	mnt := filepath.Join(dataDir, "jails", "w", "rootfs")
+	if err := p.CreateDisk("w", testDiskSize, mnt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { UnmountDisk(mnt) })
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, mnt, 0, 0, &stx); err != nil {
+		t.Fatal(err)
+	}
+	if got := backingOfDevice(stx.Dev_major, stx.Dev_minor); got != p.DiskPath("w") {
+		t.Fatalf("disk mounted at %s is backed by %q, want %s", mnt, got, p.DiskPath("w"))
+	}
+	if fi, err := os.Stat(filepath.Join(mnt, "upper")); err != nil || !fi.IsDir() {
+		t.Fatalf("upper/ missing on a warm disk: %v", err)
+	}
+	// The disk came from the cache: the refill loop made a replacement.
+	waitWarm(t, p)
+	if p.seq.Load() != warmBefore+1 {
+		t.Fatalf("warm disks made: %d, want %d", p.seq.Load(), warmBefore+1)
+	}
+	// A disk of another size is made cold.
+	if err := p.CreateDisk("cold", 2*testDiskSize, filepath.Join(dataDir, "cold")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { UnmountDisk(filepath.Join(dataDir, "cold")) })
+	if used, total, err := Usage(filepath.Join(dataDir, "cold")); err != nil || total <= testDiskSize || used > total {
+		t.Fatalf("cold disk usage %d of %d: %v", used, total, err)
+	}
+
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(filepath.Join(dataDir, "pool", "warm"))
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("warm dir after Close: %v %v", entries, err)
+	}
+	if err := UnmountDisk(mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := UnmountDisk(filepath.Join(dataDir, "cold")); err != nil {
+		t.Fatal(err)
+	}
+	waitNoLoops(t, filepath.Join(dataDir, "pool"))
+}
+
+func TestConcurrentCreateDisk(t *testing.T) {
+	p, dataDir := openTestPool(t, testDiskSize, 2)
+	const n = 100
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("j%03d", i)
+			errs[i] = p.CreateDisk(id, testDiskSize, filepath.Join(dataDir, "jails", id, "rootfs"))
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("CreateDisk j%03d: %v", i, err)
+		}
+	}
+	devs, err := LoopDevicesFor(filepath.Join(dataDir, "pool", "disks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != n {
+		t.Errorf("%d loop devices for %d disks", len(devs), n)
+	}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("j%03d", i)
+			if err := UnmountDisk(filepath.Join(dataDir, "jails", id, "rootfs")); err != nil {
+				t.Errorf("UnmountDisk %s: %v", id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	waitNoLoops(t, filepath.Join(dataDir, "pool", "disks"))
+	for i := range n {
+		if err := p.RemoveDisk(fmt.Sprintf("j%03d", i)); err != nil {
+			t.Errorf("RemoveDisk: %v", err)
+		}
+	}
+}
+
+func TestTeardownAndReopen(t *testing.T) {
+	requireRoot(t)
+	dataDir := t.TempDir()
+	p, err := OpenPool(dataDir, testPoolSize, testDiskSize, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		Teardown(dataDir)
+		waitNoLoops(t, dataDir)
+	})
+	waitWarm(t, p)
+	mnt := filepath.Join(dataDir, "jails", "a", "rootfs")
+	if err := p.CreateDisk("a", testDiskSize, mnt); err != nil {
+		t.Fatal(err)
+	}
+	// A restarted daemon re-opens the mounted pool; the first one's warm
+	// disk is stale and released.
+	waitWarm(t, p)
+	p2, err := OpenPool(dataDir, testPoolSize, testDiskSize, 0)
+	if err != nil {
+		t.Fatalf("re-open mounted pool: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dataDir, "pool", "warm")); len(ents) != 0 {
+		t.Fatalf("stale warm disks after re-open: %v", ents)
+	}
+	err = Teardown(dataDir)
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), mnt) {
+		t.Fatalf("Teardown with a mounted disk: %v, want ErrConflict naming %s", err, mnt)
+	}
+	if err := UnmountDisk(mnt); err != nil {
+		t.Fatal(err)
+	}
+	p.stopRefill()
+	if err := Teardown(dataDir); err != nil {
+		t.Fatalf("Teardown: %v", err)
+	}
+	if err := Teardown(dataDir); err != nil {
+		t.Fatalf("second Teardown: %v", err)
+	}
+	if ok, _ := IsMounted(filepath.Join(dataDir, "pool")); ok {
+		t.Fatal("pool still mounted after Teardown")
+	}
+	waitNoLoops(t, dataDir)
+	p2.Close()
+
+	// After a host reboot: the image is there, nothing is mounted.
+	p3, err := OpenPool(dataDir, testPoolSize, testDiskSize, 0)
+	if err != nil {
+		t.Fatalf("re-open unmounted pool: %v", err)
+	}
+	if err := p3.MountDisk("a", mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := UnmountDisk(mnt); err != nil {
+		t.Fatal(err)
+	}
+	p3.Close()
+	if err := Teardown(dataDir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stopRefill stops the refill loop of a pool whose warm disks someone else
+// (a re-opened pool, Teardown) released.
+func (p *Pool) stopRefill() {
+	p.closeOnce.Do(func() {
+		close(p.stop)
+		<-p.done
+	})
+}
+
+func TestUnmountBusyAndIdempotent(t *testing.T) {
+	requireRoot(t)
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := IsMounted(dir); err != nil || ok {
+		t.Fatalf("IsMounted of a plain dir: %v %v", ok, err)
+	}
+	if ok, err := IsMounted(filepath.Join(dir, "missing")); err != nil || ok {
+		t.Fatalf("IsMounted of a missing path: %v %v", ok, err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unmount(dir) })
+	if ok, err := IsMounted(dir); err != nil || !ok {
+		t.Fatalf("IsMounted of a tmpfs: %v %v", ok, err)
+	}
+	f, err := os.Create(filepath.Join(dir, "busy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := Unmount(dir); err != nil {
+		t.Fatalf("Unmount of a busy mount: %v", err)
+	}
+	if ok, _ := IsMounted(dir); ok {
+		t.Fatal("still mounted after Unmount")
+	}
+	if err := Unmount(dir); err != nil {
+		t.Fatalf("second Unmount: %v", err)
+	}
+	if err := Unmount(filepath.Join(dir, "missing")); err != nil {
+		t.Fatalf("Unmount of a missing path: %v", err)
+	}
+	if err := MountOverlay([]string{"/a:b"}, "/u", "/w", filepath.Join(dir, "o")); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("overlay with ':' in a path: %v, want ErrInvalid", err)
+	}
+}
+
+// benchCreate measures CreateDisk of a default-size (1 GiB) disk; with warm,
+// each iteration first waits (untimed) for the cache to refill.
+func benchCreate(b *testing.B, warm int) {
+	p, dataDir := openTestPool(b, 1<<30, warm)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if warm > 0 {
+			b.StopTimer()
+			waitWarm(b, p)
+			b.StartTimer()
+		}
+		id := fmt.Sprintf("b%d", i)
+		mnt := filepath.Join(dataDir, "jails", id, "rootfs")
+		if err := p.CreateDisk(id, 1<<30, mnt); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := UnmountDisk(mnt); err != nil {
+			b.Fatal(err)
+		}
+		waitNoLoops(b, p.DiskPath(id))
+		if err := p.RemoveDisk(id); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
+
+func BenchmarkCreateDiskCold(b *testing.B) { benchCreate(b, 0) }
+func BenchmarkCreateDiskWarm(b *testing.B) { benchCreate(b, 2) }

@@ -1,0 +1,676 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Timeouts of the harness.
+const (
+	// startTimeout bounds a daemon's start (the first start makes the
+	// storage pool and the host rootfs).
+	startTimeout = 2 * time.Minute
+	// stopTimeout bounds a daemon's graceful exit after SIGTERM.
+	stopTimeout = 30 * time.Second
+	// requestTimeout bounds one API request.
+	requestTimeout = 2 * time.Minute
+)
+
+var (
+	// binPath is the agentjail binary built by TestMain.
+	binPath string
+	// envErr says why the suite cannot run here (not root, build failed).
+	envErr error
+
+	sharedMu     sync.Mutex
+	sharedDaemon *daemon
+	sharedErr    error
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	binDir, err := os.MkdirTemp("", "agentjail-it-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	defer os.RemoveAll(binDir)
+	switch {
+	case os.Geteuid() != 0:
+		envErr = errors.New("the end-to-end tests need root (mounts, loop devices, cgroups, namespaces)")
+	default:
+		binPath = filepath.Join(binDir, "agentjail")
+		envErr = buildBinary(binPath)
+	}
+	code := m.Run()
+	sharedMu.Lock()
+	d := sharedDaemon
+	sharedDaemon = nil
+	sharedMu.Unlock()
+	if d != nil {
+		if err := d.shutdown(); err != nil {
+			fmt.Fprintln(os.Stderr, "integration: shutting down the shared daemon:", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// buildBinary builds ./cmd/agentjail (static) to out.
+func buildBinary(out string) error {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(gobin, "build", "-trimpath", "-o", out, "./cmd/agentjail")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building agentjail: %w\n%s", err, b)
+	}
+	return nil
+}
+
+// repoRoot is the module root (two levels above this package).
+func repoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	root := filepath.Clean(filepath.Join(wd, "..", ".."))
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return "", fmt.Errorf("module root not found above %s: %w", wd, err)
+	}
+	return root, nil
+}
+
+// requireEnv skips (or, with CI=true, fails) a test that cannot run here.
+func requireEnv(tb testing.TB) {
+	tb.Helper()
+	if envErr == nil {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		tb.Fatalf("cannot run: %v", envErr)
+	}
+	tb.Skipf("skipping: %v", envErr)
+}
+
+// shared returns the daemon most tests share, starting it on first use.
+func shared(tb testing.TB) *daemon {
+	tb.Helper()
+	requireEnv(tb)
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedDaemon == nil && sharedErr == nil {
+		sharedDaemon, sharedErr = startDaemon("")
+	}
+	if sharedErr != nil {
+		tb.Fatalf("shared daemon: %v", sharedErr)
+	}
+	return sharedDaemon
+}
+
+// newDaemon starts a daemon of the test's own on a fresh data dir; it is
+// shut down, torn down and checked for leftovers when the test ends.
+func newDaemon(t *testing.T) *daemon {
+	t.Helper()
+	requireEnv(t)
+	d, err := startDaemon("")
+	if err != nil {
+		t.Fatalf("starting a daemon: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.shutdown(); err != nil {
+			t.Errorf("shutting down the daemon: %v", err)
+		}
+	})
+	return d
+}
+
+// daemon is one running `agentjail serve`.
+type daemon struct {
+	dir   string // data dir
+	addr  string // host:port
+	token string
+	pid   int
+
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{} // closed when the process has been waited for
+	waitErr error
+	api     *client
+}
+
+var listeningRE = regexp.MustCompile(`agentjail: listening on http://(\S+)`)
+
+// startDaemon starts `agentjail serve` on dir (a new temp dir when empty)
+// and waits until it listens.
+func startDaemon(dir string) (*daemon, error) {
+	if dir == "" {
+		var err error
+		dir, err = os.MkdirTemp("", "agentjail-it-")
+		if err != nil {
+			return nil, err
+		}
+	}
+	d := &daemon{dir: dir, exited: make(chan struct{})}
+	if err := d.start(); err != nil {
+		if serr := d.shutdown(); serr != nil {
+			err = fmt.Errorf("%w\nand cleaning up: %v", err, serr)
+		}
+		return nil, err
+	}
+	return d, nil
+}
+
+// start runs the daemon process on d.dir and waits for its ready line.
+func (d *daemon) start() error {
+	d.exited = make(chan struct{})
+	d.logPath = d.dir + ".log"
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(binPath, "serve", "--data-dir", d.dir, "--addr", "127.0.0.1:0")
+	cmd.Stdout = logf
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		logf.Close()
+		return err
+	}
+	// Its own process group: a signal to the test's group does not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("starting %s: %w", binPath, err)
+	}
+	d.cmd = cmd
+	d.pid = cmd.Process.Pid
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logf, line)
+			if m := listeningRE.FindStringSubmatch(line); m != nil {
+				select {
+				case ready <- m[1]:
+				default:
+				}
+			}
+		}
+		d.waitErr = cmd.Wait()
+		logf.Close()
+		close(d.exited)
+	}()
+	select {
+	case addr := <-ready:
+		d.addr = addr
+	case <-d.exited:
+		return fmt.Errorf("the daemon exited before listening (%v); log:\n%s", d.waitErr, d.logTail())
+	case <-time.After(startTimeout):
+		d.kill()
+		return fmt.Errorf("the daemon did not listen within %v; log:\n%s", startTimeout, d.logTail())
+	}
+	b, err := os.ReadFile(filepath.Join(d.dir, "daemon.addr"))
+	if err != nil {
+		return fmt.Errorf("daemon.addr: %w", err)
+	}
+	if got := strings.TrimSpace(string(b)); got != d.addr {
+		return fmt.Errorf("daemon.addr holds %q, the ready line said %q", got, d.addr)
+	}
+	tok, err := os.ReadFile(filepath.Join(d.dir, "api-token"))
+	if err != nil {
+		return fmt.Errorf("api-token: %w", err)
+	}
+	d.token = strings.TrimSpace(string(tok))
+	d.api = newClient("http://"+d.addr, d.token)
+	return nil
+}
+
+// logTail returns the last lines of the daemon's log.
+func (d *daemon) logTail() string {
+	b, _ := os.ReadFile(d.logPath)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 60 {
+		lines = lines[len(lines)-60:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// kill SIGKILLs the daemon and waits for it.
+func (d *daemon) kill() {
+	if d.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(d.pid, syscall.SIGKILL)
+	<-d.exited
+}
+
+// stop asks the daemon to exit (SIGTERM) and waits, killing it after
+// stopTimeout.
+func (d *daemon) stop() error {
+	if d.cmd == nil {
+		return nil
+	}
+	select {
+	case <-d.exited:
+		return nil
+	default:
+	}
+	_ = syscall.Kill(d.pid, syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		return nil
+	case <-time.After(stopTimeout):
+		d.kill()
+		return fmt.Errorf("the daemon ignored SIGTERM for %v; killed it", stopTimeout)
+	}
+}
+
+// restart starts a new daemon process on the same data dir.
+func (d *daemon) restart() error {
+	return d.start()
+}
+
+// teardown runs `agentjail teardown` on the data dir.
+func (d *daemon) teardown() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binPath, "teardown", "--data-dir", d.dir).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("agentjail teardown: %w\n%s", err, out)
+	}
+	return string(out), nil
+}
+
+// shutdown stops the daemon, tears its data dir down, checks that nothing
+// of it is left on the host, and removes the data dir.
+func (d *daemon) shutdown() error {
+	var errs []error
+	ids := dirNames(filepath.Join(d.dir, "jails"))
+	if err := d.stop(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := d.teardown(); err != nil {
+		errs = append(errs, err)
+	}
+	if left := d.leftovers(ids); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("left behind after teardown of %s:\n  %s", d.dir, strings.Join(left, "\n  ")))
+	} else if err := os.RemoveAll(d.dir); err != nil {
+		errs = append(errs, err)
+	} else {
+		os.Remove(d.logPath)
+	}
+	if len(errs) > 0 {
+		errs = append(errs, fmt.Errorf("daemon log:\n%s", d.logTail()))
+	}
+	return errors.Join(errs...)
+}
+
+// leftovers lists what of the data dir is still held on the host after
+// teardown: mounts under it, loop devices backed by its files, network
+// namespaces bound there, and the cgroups and processes of its jails (ids).
+func (d *daemon) leftovers(ids []string) []string {
+	inv := takeInventory(d.dir)
+	ours := func(s string) bool {
+		for _, id := range ids {
+			if strings.Contains(s, id) {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
+	for _, m := range inv.Mounts {
+		out = append(out, "mount "+m)
+	}
+	for _, l := range inv.Loops {
+		out = append(out, "loop device "+l)
+	}
+	for _, n := range inv.Netns {
+		if isNsfs(filepath.Join(d.dir, "run", "netns", n)) {
+			out = append(out, "netns "+n)
+		}
+	}
+	for _, c := range inv.Cgroups {
+		if ours(c) {
+			out = append(out, "cgroup "+c)
+		}
+	}
+	for _, p := range inv.Procs {
+		if ours(p) {
+			out = append(out, "process "+p)
+		}
+	}
+	return out
+}
+
+// client is a minimal client of the REST API.
+type client struct {
+	base  string
+	token string
+	hc    *http.Client
+}
+
+func newClient(base, token string) *client {
+	return &client{base: base, token: token, hc: &http.Client{
+		Timeout: requestTimeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}}
+}
+
+// response is a whole HTTP response.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// apiError is the body of an error response.
+type apiError struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (r *response) String() string {
+	body := string(r.body)
+	if len(body) > 2000 {
+		body = body[:2000] + "…"
+	}
+	return fmt.Sprintf("HTTP %d %s", r.status, strings.TrimSpace(body))
+}
+
+// errorMessage returns the message of an error body ("" when there is none).
+func (r *response) errorMessage() string {
+	var e apiError
+	if json.Unmarshal(r.body, &e) != nil {
+		return ""
+	}
+	return e.Error.Message
+}
+
+// send makes one request. in is nil (no body), []byte or string (sent as
+// is), or a value sent as JSON. path is used verbatim (not cleaned).
+func (c *client) send(method, path string, in any, header ...string) (*response, error) {
+	var body io.Reader
+	ctype := ""
+	switch v := in.(type) {
+	case nil:
+	case []byte:
+		body = bytes.NewReader(v)
+	case string:
+		body = strings.NewReader(v)
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+		ctype = "application/json"
+	}
+	req, err := http.NewRequest(method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: reading the body: %w", method, path, err)
+	}
+	return &response{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+// do is send that fails the test on a transport error.
+func (c *client) do(tb testing.TB, method, path string, in any, header ...string) *response {
+	tb.Helper()
+	r, err := c.send(method, path, in, header...)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", method, path, err)
+	}
+	return r
+}
+
+// want makes a request, fails the test unless the status is want, and
+// decodes the body into out (when not nil).
+func (c *client) want(tb testing.TB, want int, method, path string, in, out any) *response {
+	tb.Helper()
+	r := c.do(tb, method, path, in)
+	if r.status != want {
+		tb.Fatalf("%s %s: want HTTP %d, got %s", method, path, want, r)
+	}
+	if out != nil {
+		if err := json.Unmarshal(r.body, out); err != nil {
+			tb.Fatalf("%s %s: decoding %q: %v", method, path, r.body, err)
+		}
+	}
+	return r
+}
+
+// The wire types, spelled out from the documented contract (not imported,
+// so that a renamed field breaks these tests).
+
+type jailInfo struct {
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Status    string          `json:"status"`
+	CreatedAt time.Time       `json:"created_at"`
+	Error     string          `json:"error"`
+	Pid       int             `json:"pid"`
+	Config    json.RawMessage `json:"config"`
+	Stats     *jailStats      `json:"stats"`
+}
+
+type jailStats struct {
+	MemoryBytes    uint64 `json:"memory_bytes"`
+	CPUTimeNs      uint64 `json:"cpu_time_ns"`
+	Pids           uint64 `json:"pids"`
+	PidsLimit      uint64 `json:"pids_limit"`
+	OOMKills       uint64 `json:"oom_kills"`
+	DiskUsedBytes  uint64 `json:"disk_used_bytes"`
+	DiskLimitBytes uint64 `json:"disk_limit_bytes"`
+}
+
+type execReq struct {
+	Cmd       []string          `json:"cmd"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Stdin     string            `json:"stdin,omitempty"`
+	TimeoutMs int64             `json:"timeout_ms,omitempty"`
+	User      string            `json:"user,omitempty"`
+}
+
+type execResult struct {
+	ExitCode   int     `json:"exit_code"`
+	Signal     string  `json:"signal"`
+	Stdout     string  `json:"stdout"`
+	Stderr     string  `json:"stderr"`
+	Truncated  bool    `json:"truncated"`
+	TimedOut   bool    `json:"timed_out"`
+	OOMKilled  bool    `json:"oom_killed"`
+	DurationMs float64 `json:"duration_ms"`
+}
+
+func (r *execResult) String() string {
+	clip := func(s string) string {
+		if len(s) > 1500 {
+			return s[:1500] + "…"
+		}
+		return s
+	}
+	return fmt.Sprintf("exit %d signal %q timed_out %v oom_killed %v\nstdout: %s\nstderr: %s",
+		r.ExitCode, r.Signal, r.TimedOut, r.OOMKilled, clip(r.Stdout), clip(r.Stderr))
+}
+
+type fileInfo struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	Mode string `json:"mode"`
+	UID  int    `json:"uid"`
+	GID  int    `json:"gid"`
+}
+
+var nameSeq atomic.Int64
+
+// uniqueName returns a valid jail name derived from the test's name.
+func uniqueName(tb testing.TB) string {
+	n := strings.ToLower(tb.Name())
+	n = regexp.MustCompile(`[^a-z0-9_.-]+`).ReplaceAllString(n, "-")
+	n = strings.Trim(n, "-._")
+	if len(n) > 40 {
+		n = n[len(n)-40:]
+		n = strings.TrimLeft(n, "-._")
+	}
+	return fmt.Sprintf("%s-%d", n, nameSeq.Add(1))
+}
+
+// createJail creates (and by default starts) a jail from spec, which is the
+// POST /jails body without the name; it is destroyed when the test ends.
+func (d *daemon) createJail(tb testing.TB, spec map[string]any) jailInfo {
+	tb.Helper()
+	body := map[string]any{"name": uniqueName(tb)}
+	for k, v := range spec {
+		body[k] = v
+	}
+	var j jailInfo
+	d.api.want(tb, http.StatusCreated, "POST", "/jails", body, &j)
+	if j.ID == "" {
+		tb.Fatalf("POST /jails: no id in the answer")
+	}
+	tb.Cleanup(func() { d.destroy(tb, j.ID) })
+	return j
+}
+
+// destroy deletes a jail, accepting that it is already gone.
+func (d *daemon) destroy(tb testing.TB, id string) {
+	tb.Helper()
+	r, err := d.api.send("DELETE", "/jails/"+id, nil)
+	if err != nil {
+		tb.Errorf("DELETE /jails/%s: %v", id, err)
+		return
+	}
+	if r.status != http.StatusNoContent && r.status != http.StatusNotFound {
+		tb.Errorf("DELETE /jails/%s: %s", id, r)
+	}
+}
+
+// getJail returns GET /jails/{id}.
+func (d *daemon) getJail(tb testing.TB, id string) jailInfo {
+	tb.Helper()
+	var j jailInfo
+	d.api.want(tb, http.StatusOK, "GET", "/jails/"+id, nil, &j)
+	return j
+}
+
+// exec runs req in the jail and returns the result (HTTP 200 required).
+func (d *daemon) exec(tb testing.TB, id string, req execReq) execResult {
+	tb.Helper()
+	var res execResult
+	d.api.want(tb, http.StatusOK, "POST", "/jails/"+id+"/exec", req, &res)
+	return res
+}
+
+// shAs runs `sh -c script` as user ("" is the jail's default user).
+func (d *daemon) shAs(tb testing.TB, id, user, script string) execResult {
+	tb.Helper()
+	return d.exec(tb, id, execReq{Cmd: []string{"sh", "-c", script}, User: user, TimeoutMs: 120_000})
+}
+
+// mustSh runs `sh -c script` as the default user, requires exit 0 and
+// returns stdout.
+func (d *daemon) mustSh(tb testing.TB, id, script string) string {
+	tb.Helper()
+	res := d.shAs(tb, id, "", script)
+	if res.ExitCode != 0 || res.Signal != "" {
+		tb.Fatalf("sh -c %q: %s", script, &res)
+	}
+	return res.Stdout
+}
+
+// putFile writes a file through the files API (HTTP 201 required).
+func (d *daemon) putFile(tb testing.TB, id, path string, data []byte) {
+	tb.Helper()
+	d.api.want(tb, http.StatusCreated, "PUT", "/jails/"+id+"/files"+path, data, nil)
+}
+
+// waitFor polls cond every 50 ms until it returns nil or the deadline
+// passes; it returns cond's last error.
+func waitFor(timeout time.Duration, cond func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// runBin runs the agentjail binary with args and env added to the test's
+// environment, returning its stdout, stderr and exit code.
+func runBin(tb testing.TB, env []string, stdin string, args ...string) (string, string, int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return stdout.String(), stderr.String(), 0
+	case errors.As(err, &ee):
+		return stdout.String(), stderr.String(), ee.ExitCode()
+	default:
+		tb.Fatalf("agentjail %s: %v", strings.Join(args, " "), err)
+		return "", "", -1
+	}
+}

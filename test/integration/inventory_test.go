@@ -1,0 +1,262 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// inventory is what the host holds on behalf of jails: the resources a
+// destroyed or failed jail must not leave behind. Each list is sorted.
+type inventory struct {
+	// Mounts are mount points under the data dir.
+	Mounts []string
+	// Loops are loop devices backed by files under the data dir
+	// ("/dev/loopN <- file").
+	Loops []string
+	// Cgroups are the jail cgroups: /sys/fs/cgroup/*/agentjail/* (and the
+	// unified hierarchy's).
+	Cgroups []string
+	// Netns are the files of DATA_DIR/run/netns.
+	Netns []string
+	// Procs are processes whose cgroup is a jail's ("pid comm cgroup").
+	Procs []string
+	// Files are the entries of the data dir's per-jail directories
+	// (jails/, pool/disks/, run/) and its top level.
+	Files []string
+	// TempDirs are agentjail entries of the temp directories.
+	TempDirs []string
+}
+
+// cgroupRoot is where the cgroup hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// takeInventory reads the host's resources related to the data dir dir.
+func takeInventory(dir string) inventory {
+	var inv inventory
+	inv.Mounts = mountsUnder(dir)
+	inv.Loops = loopsUnder(dir)
+	inv.Cgroups = jailCgroups()
+	inv.Netns = dirNames(filepath.Join(dir, "run", "netns"))
+	inv.Procs = jailProcs()
+	for _, sub := range []string{"", "jails", "pool/disks", "run"} {
+		for _, n := range dirNames(filepath.Join(dir, sub)) {
+			inv.Files = append(inv.Files, filepath.Join(sub, n))
+		}
+	}
+	for _, tmp := range []string{os.TempDir(), "/var/tmp", "/run"} {
+		for _, n := range dirNames(tmp) {
+			// The tests' own data dirs and logs are named agentjail-it-*.
+			if strings.Contains(n, "agentjail") && !strings.HasPrefix(n, "agentjail-it-") {
+				inv.TempDirs = append(inv.TempDirs, filepath.Join(tmp, n))
+			}
+		}
+	}
+	for _, l := range [][]string{inv.Mounts, inv.Loops, inv.Cgroups, inv.Netns, inv.Procs, inv.Files, inv.TempDirs} {
+		sort.Strings(l)
+	}
+	return inv
+}
+
+// added returns what inv holds that base does not, as "kind: item" lines.
+func (inv inventory) added(base inventory) []string {
+	var out []string
+	add := func(kind string, now, before []string) {
+		for _, x := range now {
+			if !slices.Contains(before, x) {
+				out = append(out, kind+": "+x)
+			}
+		}
+	}
+	add("mount", inv.Mounts, base.Mounts)
+	add("loop", inv.Loops, base.Loops)
+	add("cgroup", inv.Cgroups, base.Cgroups)
+	add("netns", inv.Netns, base.Netns)
+	add("process", inv.Procs, base.Procs)
+	add("file", inv.Files, base.Files)
+	add("temp", inv.TempDirs, base.TempDirs)
+	return out
+}
+
+// waitNoLeak waits until the host holds nothing more than base (cleanup may
+// finish asynchronously) and returns what is still extra at the deadline.
+// ignore drops items that are expected to come and go (e.g. a warm disk
+// refilled by the pool).
+func waitNoLeak(dir string, base inventory, timeout time.Duration, ignore func(string) bool) []string {
+	var extra []string
+	_ = waitFor(timeout, func() error {
+		extra = extra[:0]
+		for _, x := range takeInventory(dir).added(base) {
+			if ignore == nil || !ignore(x) {
+				extra = append(extra, x)
+			}
+		}
+		if len(extra) > 0 {
+			return fmt.Errorf("%d extra", len(extra))
+		}
+		return nil
+	})
+	return extra
+}
+
+// mountsUnder lists the mount points at or under dir.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return []string{"(mountinfo: " + err.Error() + ")"}
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeOctal(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out
+}
+
+// unescapeOctal undoes mountinfo's \NNN escapes.
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// loopsUnder lists loop devices whose backing file is under dir.
+func loopsUnder(dir string) []string {
+	devs, _ := filepath.Glob("/sys/block/loop*")
+	var out []string
+	for _, d := range devs {
+		b, err := os.ReadFile(filepath.Join(d, "loop", "backing_file"))
+		if err != nil {
+			continue
+		}
+		file := strings.TrimSpace(string(b))
+		if strings.HasPrefix(file, dir+"/") {
+			out = append(out, "/dev/"+filepath.Base(d)+" <- "+file)
+		}
+	}
+	return out
+}
+
+// jailCgroups lists the per-jail cgroup directories of every hierarchy.
+func jailCgroups() []string {
+	var out []string
+	roots, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "agentjail"))
+	if st, err := os.Stat(filepath.Join(cgroupRoot, "agentjail")); err == nil && st.IsDir() {
+		roots = append(roots, filepath.Join(cgroupRoot, "agentjail"))
+	}
+	for _, r := range roots {
+		ents, err := os.ReadDir(r)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if e.IsDir() {
+				out = append(out, filepath.Join(r, e.Name()))
+			}
+		}
+	}
+	return out
+}
+
+// jailProcs lists the processes whose cgroup (in any hierarchy) is under
+// an agentjail cgroup.
+func jailProcs() []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cg := procJailCgroup(pid)
+		if cg == "" {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		out = append(out, fmt.Sprintf("%d %s %s", pid, strings.TrimSpace(string(comm)), cg))
+	}
+	return out
+}
+
+// procJailCgroup returns the agentjail cgroup path of pid ("" when it is
+// in none).
+func procJailCgroup(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && strings.Contains(parts[2], "/agentjail/") {
+			return parts[2]
+		}
+	}
+	return ""
+}
+
+// dirNames lists a directory's entry names (none when it does not exist).
+func dirNames(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(ents))
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// isNsfs reports whether path is a mounted namespace file.
+func isNsfs(path string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false
+	}
+	return st.Type == unix.NSFS_MAGIC
+}
+
+// pidsInCgroupOf returns the pids in jail id's cgroup of controller (e.g.
+// "pids", "memory"), read from the host's hierarchy.
+func pidsInCgroupOf(controller, id string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, controller, "agentjail", id, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,284 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// forkCounter forks children that wait until they are killed, until fork
+// fails; it prints the number of children it made and the error.
+const forkCounter = `
+import os, signal, sys
+kids = []
+err = ""
+while len(kids) < 10000:
+    try:
+        pid = os.fork()
+    except OSError as ex:
+        err = str(ex)
+        break
+    if pid == 0:
+        os.close(1); os.close(2)
+        signal.pause()
+        os._exit(0)
+    kids.append(pid)
+print(len(kids), err)
+sys.stdout.flush()
+for k in kids:
+    os.kill(k, signal.SIGKILL)
+for k in kids:
+    os.waitpid(k, 0)
+`
+
+// TestLimitPids caps a fork bomb at pids_limit, while the daemon and a
+// second jail keep answering.
+func TestLimitPids(t *testing.T) {
+	d := shared(t)
+	const limit = 48
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"pids_limit": limit}}})
+	other := d.createJail(t, nil)
+
+	t.Run("counted", func(t *testing.T) {
+		res := d.exec(t, j.ID, execReq{Cmd: []string{"python3", "-c", forkCounter}, TimeoutMs: 60_000})
+		if res.ExitCode != 0 {
+			t.Fatalf("fork counter: %s", &res)
+		}
+		var n int
+		var errText string
+		fmt.Sscanf(res.Stdout, "%d", &n)
+		_, errText, _ = strings.Cut(strings.TrimSpace(res.Stdout), " ")
+		if n >= limit || n == 0 {
+			t.Errorf("made %d children with pids_limit %d: %s", n, limit, &res)
+		}
+		if !strings.Contains(errText, "Resource temporarily unavailable") {
+			t.Errorf("fork failed with %q, want EAGAIN", errText)
+		}
+	})
+
+	t.Run("bomb", func(t *testing.T) {
+		done := make(chan *response, 1)
+		go func() {
+			r, _ := d.api.send("POST", "/jails/"+j.ID+"/exec", execReq{
+				// The parent needs no fork to wait: the timeout, not a
+				// failed fork, ends the exec and must kill the whole tree.
+				Cmd: []string{"python3", "-c", "import subprocess, time\nsubprocess.Popen(['sh', '-c', 'b() { b | b & }; b'])\ntime.sleep(120)"},
+				TimeoutMs: 8000,
+			})
+			done <- r
+		}()
+		// While the bomb runs: the jail sits at its limit, the daemon and
+		// another jail answer.
+		if err := waitFor(20*time.Second, func() error {
+			n, err := cgroupCount("pids", j.ID, "pids.current")
+			if err != nil {
+				return err
+			}
+			if n < limit-4 {
+				return fmt.Errorf("pids.current %d", n)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("the bomb did not fill the jail: %v", err)
+		}
+		for range 5 {
+			start := time.Now()
+			d.api.want(t, http.StatusOK, "GET", "/health", nil, nil)
+			res := d.exec(t, other.ID, execReq{Cmd: []string{"echo", "alive"}, TimeoutMs: 10_000})
+			if res.Stdout != "alive\n" {
+				t.Errorf("the other jail: %s", &res)
+			}
+			if el := time.Since(start); el > 5*time.Second {
+				t.Errorf("the daemon took %v to answer during the bomb", el)
+			}
+			n, err := cgroupCount("pids", j.ID, "pids.current")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n > limit {
+				t.Errorf("pids.current %d is above pids_limit %d", n, limit)
+			}
+			st := d.getJail(t, j.ID).Stats
+			if st == nil || st.Pids > limit || st.PidsLimit != limit {
+				t.Errorf("stats during the bomb: %+v (pids_limit %d)", st, limit)
+			}
+		}
+		r := <-done
+		if r == nil || r.status != http.StatusOK {
+			t.Fatalf("the bomb's exec: %v", r)
+		}
+		if !strings.Contains(string(r.body), `"timed_out":true`) {
+			t.Errorf("the bomb's exec did not time out: %s", r)
+		}
+		// The timeout killed the whole tree: the jail recovers.
+		if err := waitFor(20*time.Second, func() error {
+			n, err := cgroupCount("pids", j.ID, "pids.current")
+			if err != nil {
+				return err
+			}
+			if n > 4 {
+				return fmt.Errorf("pids.current still %d", n)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("after the timeout: %v", err)
+		}
+		if out := d.mustSh(t, j.ID, "echo ok"); out != "ok\n" {
+			t.Errorf("the jail after the bomb: %q", out)
+		}
+	})
+}
+
+// cgroupCount reads one number from a jail's v1 cgroup file.
+func cgroupCount(controller, id, file string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("%s/%s/agentjail/%s/%s", cgroupRoot, controller, id, file))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// TestLimitMemory OOM-kills a memory hog, says so in the exec result and
+// the stats, and leaves the jail running.
+func TestLimitMemory(t *testing.T) {
+	d := shared(t)
+	const limit = 64 << 20
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"memory_bytes": limit}}})
+	before := d.getJail(t, j.ID).Stats
+	if before == nil {
+		t.Fatal("GET /jails/{id} of a running jail has no stats")
+	}
+	res := d.exec(t, j.ID, execReq{
+		Cmd:       []string{"python3", "-c", "a = []\nwhile True: a.append(b'x' * (1 << 20))"},
+		TimeoutMs: 60_000,
+	})
+	if !res.OOMKilled {
+		t.Errorf("oom_killed is false: %s", &res)
+	}
+	if !strings.Contains(res.Signal, "KILL") && res.Signal != "9" {
+		t.Errorf("signal %q, want SIGKILL: %s", res.Signal, &res)
+	}
+	if res.TimedOut {
+		t.Errorf("the hog ran into its timeout instead of the memory limit: %s", &res)
+	}
+	after := d.getJail(t, j.ID)
+	if after.Status != "running" {
+		t.Fatalf("the jail is %s after the OOM kill (%s)", after.Status, after.Error)
+	}
+	if after.Stats == nil || after.Stats.OOMKills <= before.OOMKills {
+		t.Errorf("stats.oom_kills did not increase: before %+v after %+v", before, after.Stats)
+	}
+	if out := d.mustSh(t, j.ID, "echo ok"); out != "ok\n" {
+		t.Errorf("the jail after the OOM kill: %q", out)
+	}
+}
+
+// TestLimitDisk fills the jail's disk: ENOSPC, and the host's free space
+// shrinks by no more than the limit.
+func TestLimitDisk(t *testing.T) {
+	d := shared(t)
+	const limit = 128 << 20
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"disk_bytes": limit}}})
+	free := func() int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(d.dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	before := free()
+	for _, c := range []struct{ user, path string }{{"", "/workspace/fill"}, {"root", "/var/fill"}} {
+		res := d.shAs(t, j.ID, c.user, "dd if=/dev/zero of="+c.path+" bs=1M count=1024 conv=fsync")
+		if res.ExitCode == 0 {
+			t.Errorf("writing 1 GiB to %s on a %d MiB disk succeeded: %s", c.path, limit>>20, &res)
+		}
+		if !strings.Contains(res.Stderr, "No space left on device") {
+			t.Errorf("dd to %s: want ENOSPC: %s", c.path, &res)
+		}
+		used := before - free()
+		if used > limit+limit/4 {
+			t.Errorf("the host lost %d MiB of free space for a %d MiB disk", used>>20, limit>>20)
+		}
+		st := d.getJail(t, j.ID).Stats
+		if st == nil || st.DiskLimitBytes == 0 || st.DiskUsedBytes > st.DiskLimitBytes || st.DiskLimitBytes > limit {
+			t.Errorf("disk stats: %+v (disk_bytes %d)", st, limit)
+		}
+		d.shAs(t, j.ID, c.user, "rm -f "+c.path)
+	}
+	if out := d.mustSh(t, j.ID, "echo ok > /workspace/ok && cat /workspace/ok"); out != "ok\n" {
+		t.Errorf("the jail after filling its disk: %q", out)
+	}
+}
+
+// TestLimitNofile applies nofile_limit, and refuses one above the daemon's
+// own hard limit with a 422 that says why.
+func TestLimitNofile(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"nofile_limit": 256}}})
+	for _, user := range []string{"", "root"} {
+		res := d.shAs(t, j.ID, user, "ulimit -Sn; ulimit -Hn")
+		if res.Stdout != "256\n256\n" {
+			t.Errorf("as %q: ulimit -n: %s", user, &res)
+		}
+	}
+	hard, err := daemonNofileHard(d.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := d.api.do(t, "POST", "/jails", map[string]any{
+		"name":      uniqueName(t),
+		"isolation": map[string]any{"resources": map[string]any{"nofile_limit": hard + 1}},
+	})
+	if r.status != http.StatusUnprocessableEntity {
+		t.Fatalf("nofile_limit %d above the daemon's hard limit %d: want 422, got %s", hard+1, hard, r)
+	}
+	msg := r.errorMessage()
+	if !strings.Contains(msg, "isolation.resources.nofile_limit") || !strings.Contains(msg, strconv.FormatUint(hard, 10)) {
+		t.Errorf("the 422 does not name the field and the daemon's limit: %q", msg)
+	}
+}
+
+// daemonNofileHard reads the daemon's RLIMIT_NOFILE hard limit.
+func daemonNofileHard(pid int) (uint64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "Max open files"); ok {
+			fields := strings.Fields(rest)
+			if len(fields) >= 2 {
+				return strconv.ParseUint(fields[1], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no 'Max open files' in /proc/%d/limits", pid)
+}
+
+// TestLimitCPUQuota applies cpu_quota: two busy loops for 2 s of wall time
+// get at most the quota's share of the CPU.
+func TestLimitCPUQuota(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"cpu_quota": 20000, "cpu_period": 100000}}})
+	res := d.shAs(t, j.ID, "", "timeout 2 sh -c 'while :; do :; done' & timeout 2 sh -c 'while :; do :; done' & wait")
+	if res.ExitCode != 0 {
+		t.Fatalf("busy loops: %s", &res)
+	}
+	st := d.getJail(t, j.ID).Stats
+	if st == nil {
+		t.Fatal("GET /jails/{id} of a running jail has no stats")
+	}
+	// 0.2 CPU for ~2 s is ~0.4 s of CPU time (unlimited: up to 4 s).
+	if st.CPUTimeNs == 0 || st.CPUTimeNs > uint64(time.Second) {
+		t.Errorf("cpu_time_ns %d after 2 s of two busy loops under a 20%% quota", st.CPUTimeNs)
+	}
+}
