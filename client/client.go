@@ -25,31 +25,32 @@ import (
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // The API's types, named here so that programs outside this module can
 // use them.
 type (
 	// Jail is a jail as the API reports it.
-	Jail = jail.Jail
+	Jail = model.Jail
 	// State is a jail's lifecycle state.
-	State = jail.State
+	State = model.State
 	// Stats is a jail's live resource usage.
-	Stats = jail.Stats
+	Stats = model.Stats
 	// CreateRequest is the body of Create.
-	CreateRequest = jail.CreateRequest
+	CreateRequest = model.CreateRequest
 	// ExecRequest is the request of Exec and ExecStream.
-	ExecRequest = jail.ExecRequest
+	ExecRequest = model.ExecRequest
 	// ExecResult is the outcome of a command.
-	ExecResult = jail.ExecResult
+	ExecResult = model.ExecResult
 	// FileInfo describes a path in a jail.
-	FileInfo = jail.FileInfo
+	FileInfo = model.FileInfo
 	// WriteOptions controls WriteFile and Mkdir.
-	WriteOptions = jail.WriteOptions
+	WriteOptions = model.WriteOptions
 	// AccessResult is the answer of Access.
-	AccessResult = jail.AccessResult
+	AccessResult = model.AccessResult
 	// Health is the daemon's health report.
-	Health = jail.Health
+	Health = model.Health
 	// Config is a jail's configuration.
 	Config = config.Config
 	// Isolation is the isolation part of a Config.

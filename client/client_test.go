@@ -13,7 +13,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/api/apitest"
-	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 const token = "test-token-0123456789"
@@ -43,7 +43,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	f := false
 	j, err := c.Create(ctx, CreateRequest{Name: "one", Start: &f})
-	if err != nil || j.Status != jail.StateCreated || j.Config.Isolation.Resources.MemoryBytes == 0 {
+	if err != nil || j.Status != model.StateCreated || j.Config.Isolation.Resources.MemoryBytes == 0 {
 		t.Fatalf("create %+v %v", j, err)
 	}
 	_, err = c.Create(ctx, CreateRequest{Name: "one"})
@@ -51,7 +51,7 @@ func TestLifecycle(t *testing.T) {
 	if !IsConflict(err) {
 		t.Error("IsConflict false")
 	}
-	if j, err = c.Start(ctx, "one"); err != nil || j.Status != jail.StateRunning {
+	if j, err = c.Start(ctx, "one"); err != nil || j.Status != model.StateRunning {
 		t.Fatalf("start %+v %v", j, err)
 	}
 	if j, err = c.Get(ctx, j.ID); err != nil || j.Stats == nil {

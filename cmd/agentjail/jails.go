@@ -14,6 +14,7 @@ import (
 	"github.com/agentjail/agentjail/client"
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 func newCreateCmd(g *globals) *cobra.Command {
@@ -298,7 +299,7 @@ func removeJail(ctx context.Context, c *client.Client, ref string, force bool) e
 		return err
 	}
 	switch j.Status {
-	case jail.StateRunning, jail.StateStarting, jail.StateStopping:
+	case model.StateRunning, model.StateStarting, model.StateStopping:
 		if !force {
 			return fmt.Errorf("jail %s is %s; stop it first, or use rm -f", j.Name, j.Status)
 		}

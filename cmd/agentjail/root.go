@@ -69,7 +69,10 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 func usageArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := v(cmd, args); err != nil {
-			return usageError{fmt.Errorf("%s: %w (see %s --help)", cmd.CommandPath(), err, cmd.CommandPath())}
+			if cmd.HasParent() {
+				err = fmt.Errorf("%s: %w", cmd.Name(), err)
+			}
+			return usageError{fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())}
 		}
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // shutdownGrace is how long a stopping daemon waits for requests in
@@ -67,6 +69,13 @@ func serve(ctx context.Context, dataDir, addr, runtime string, poolSize int64) e
 			log.Error("closing the jail manager", "err", err)
 		}
 	}()
+	return listenAndServe(ctx, api.NewServer(mgr, token, log), addr, dataDir, log, os.Stderr)
+}
+
+// listenAndServe serves h on addr until ctx is cancelled. Once listening
+// it writes the bound HOST:PORT to DATA_DIR/daemon.addr (removed again on
+// return) and announces it on stderr in one line.
+func listenAndServe(ctx context.Context, h http.Handler, addr, dataDir string, log *slog.Logger, stderr io.Writer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
@@ -80,13 +89,13 @@ func serve(ctx context.Context, dataDir, addr, runtime string, poolSize int64) e
 	defer os.Remove(addrPath)
 
 	srv := &http.Server{
-		Handler:           api.NewServer(mgr, token, log),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
-	fmt.Fprintf(os.Stderr, "agentjail: listening on http://%s\n", bound)
+	fmt.Fprintf(stderr, "agentjail: listening on http://%s\n", bound)
 
 	select {
 	case err := <-done:

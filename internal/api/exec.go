@@ -3,11 +3,12 @@ package api
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sync"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
-	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // Exec encodings of ExecRequest.Encoding.
@@ -26,7 +27,7 @@ type StreamEvent struct {
 	// Data is an output chunk, base64 when the request's encoding is base64.
 	Data string `json:"data,omitempty"`
 	// ExecResult is set on the exit event (its stdout and stderr are empty).
-	*jail.ExecResult
+	*model.ExecResult
 	// Error is set on the error event.
 	Error *ErrorDetail `json:"error,omitempty"`
 }
@@ -40,8 +41,8 @@ const (
 )
 
 // decodeExec decodes an exec request and converts its stdin to raw bytes.
-func decodeExec(w http.ResponseWriter, r *http.Request) (jail.ExecRequest, error) {
-	var req jail.ExecRequest
+func decodeExec(w http.ResponseWriter, r *http.Request) (model.ExecRequest, error) {
+	var req model.ExecRequest
 	if err := decodeBody(w, r, &req, false, false); err != nil {
 		return req, err
 	}
@@ -129,6 +130,9 @@ func (s *server) execStream(w http.ResponseWriter, r *http.Request) error {
 	}
 	nw := &ndjsonWriter{w: w, rc: http.NewResponseController(w)}
 	out := func(stream string, data []byte) error {
+		if stream != EventStdout && stream != EventStderr {
+			return fmt.Errorf("exec stream: output on unknown stream %q", stream)
+		}
 		return nw.write(StreamEvent{Type: stream, Data: encodeOutput(req.Encoding, string(data))})
 	}
 	res, err := s.svc.Exec(r.Context(), r.PathValue("id"), req, out)

@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
-	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // DirListing is the body of GET /jails/{id}/files/{path} on a directory.
 type DirListing struct {
-	Path    string          `json:"path"`
-	Entries []jail.FileInfo `json:"entries"`
+	Path    string           `json:"path"`
+	Entries []model.FileInfo `json:"entries"`
 }
 
 // Headers of a file download.
@@ -120,7 +120,7 @@ func (s *server) getFile(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		if entries == nil {
-			entries = []jail.FileInfo{}
+			entries = []model.FileInfo{}
 		}
 		writeJSON(w, http.StatusOK, DirListing{Path: p, Entries: entries})
 		return nil
@@ -175,7 +175,7 @@ func (s *server) putFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	opts := jail.WriteOptions{User: q.Get("user")}
+	opts := model.WriteOptions{User: q.Get("user")}
 	if m := q.Get("mode"); m != "" {
 		v, err := strconv.ParseUint(m, 8, 32)
 		if err != nil || v > 0o7777 {
@@ -184,7 +184,7 @@ func (s *server) putFile(w http.ResponseWriter, r *http.Request) error {
 		opts.Mode = uint32(v)
 	}
 	id := r.PathValue("id")
-	var info *jail.FileInfo
+	var info *model.FileInfo
 	switch t := q.Get("type"); t {
 	case "dir":
 		if r.ContentLength > 0 {

@@ -10,12 +10,12 @@ import (
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
-	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // JailList is the body of GET /jails.
 type JailList struct {
-	Jails []*jail.Jail `json:"jails"`
+	Jails []*model.Jail `json:"jails"`
 }
 
 // StopRequest is the optional body of POST /jails/{id}/stop.
@@ -39,7 +39,7 @@ func (s *server) health(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *server) createJail(w http.ResponseWriter, r *http.Request) error {
-	var req jail.CreateRequest
+	var req model.CreateRequest
 	if err := decodeBody(w, r, &req, true, false); err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ func (s *server) listJails(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if js == nil {
-		js = []*jail.Jail{}
+		js = []*model.Jail{}
 	}
 	writeJSON(w, http.StatusOK, JailList{Jails: js})
 	return nil

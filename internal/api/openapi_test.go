@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/agentjail/agentjail/internal/config"
-	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 type openAPIDoc struct {
@@ -95,17 +95,17 @@ func jsonNames(t reflect.Type) []string {
 func TestOpenAPISchemas(t *testing.T) {
 	doc := loadOpenAPI(t)
 	for name, v := range map[string]any{
-		"Jail":           jail.Jail{},
-		"Stats":          jail.Stats{},
-		"CreateRequest":  jail.CreateRequest{},
-		"ExecRequest":    jail.ExecRequest{},
-		"ExecResult":     jail.ExecResult{},
+		"Jail":           model.Jail{},
+		"Stats":          model.Stats{},
+		"CreateRequest":  model.CreateRequest{},
+		"ExecRequest":    model.ExecRequest{},
+		"ExecResult":     model.ExecResult{},
 		"StreamEvent":    StreamEvent{},
-		"FileInfo":       jail.FileInfo{},
+		"FileInfo":       model.FileInfo{},
 		"DirListing":     DirListing{},
-		"AccessResult":   jail.AccessResult{},
-		"Health":         jail.Health{},
-		"Check":          jail.Check{},
+		"AccessResult":   model.AccessResult{},
+		"Health":         model.Health{},
+		"Check":          model.Check{},
 		"JailList":       JailList{},
 		"StopRequest":    StopRequest{},
 		"Error":          ErrorBody{},

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // Service is what the API serves; *jail.Manager implements it. A ref is a
@@ -25,47 +26,47 @@ type Service interface {
 	// Create makes a jail from req (and starts it unless req.Start is
 	// false). It validates the config (ErrUnprocessable naming the field)
 	// and the name's uniqueness (ErrConflict).
-	Create(ctx context.Context, req jail.CreateRequest) (*jail.Jail, error)
+	Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error)
 	// List returns every jail, without live stats.
-	List(ctx context.Context) ([]*jail.Jail, error)
+	List(ctx context.Context) ([]*model.Jail, error)
 	// Get returns one jail with its live Stats (ErrNotFound if ref names none).
-	Get(ctx context.Context, ref string) (*jail.Jail, error)
+	Get(ctx context.Context, ref string) (*model.Jail, error)
 	// Start starts a created or stopped jail (ErrConflict from other states).
-	Start(ctx context.Context, ref string) (*jail.Jail, error)
+	Start(ctx context.Context, ref string) (*model.Jail, error)
 	// Stop asks the jail's processes to exit, kills them after grace, and
 	// returns the stopped jail (ErrConflict if it is not running).
-	Stop(ctx context.Context, ref string, grace time.Duration) (*jail.Jail, error)
+	Stop(ctx context.Context, ref string, grace time.Duration) (*model.Jail, error)
 	// Destroy removes the jail and everything it owns.
 	Destroy(ctx context.Context, ref string) error
 	// Exec runs req.Cmd in the running jail. With out == nil the output is
 	// buffered: the result carries stdout and stderr, each capped at
-	// jail.MaxExecOutput (Truncated set when bytes were dropped). With
+	// model.MaxExecOutput (Truncated set when bytes were dropped). With
 	// out != nil every chunk goes to out as it happens and the result's
 	// Stdout and Stderr are empty; an error from out cancels the command.
 	// Cancelling ctx kills the command and its descendants. Stdin and the
 	// outputs are raw bytes held in Go strings: the API does any base64
 	// conversion (ExecRequest.Encoding).
-	Exec(ctx context.Context, ref string, req jail.ExecRequest, out jail.ExecOutput) (*jail.ExecResult, error)
+	Exec(ctx context.Context, ref string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error)
 	// Stat describes the absolute jail path without following a final
 	// symlink.
-	Stat(ctx context.Context, ref, path string) (*jail.FileInfo, error)
+	Stat(ctx context.Context, ref, path string) (*model.FileInfo, error)
 	// ReadDir lists the directory at path (entries without "." and "..").
-	ReadDir(ctx context.Context, ref, path string) ([]jail.FileInfo, error)
+	ReadDir(ctx context.Context, ref, path string) ([]model.FileInfo, error)
 	// ReadFile opens the regular file at path; the caller closes the
 	// reader. The FileInfo describes the opened file.
-	ReadFile(ctx context.Context, ref, path string) (*jail.FileInfo, io.ReadCloser, error)
+	ReadFile(ctx context.Context, ref, path string) (*model.FileInfo, io.ReadCloser, error)
 	// WriteFile creates or replaces the file at path with r's bytes; an
 	// error reading r aborts the write and is returned wrapped.
-	WriteFile(ctx context.Context, ref, path string, r io.Reader, opts jail.WriteOptions) (*jail.FileInfo, error)
+	WriteFile(ctx context.Context, ref, path string, r io.Reader, opts model.WriteOptions) (*model.FileInfo, error)
 	// Mkdir creates the directory at path and any missing parents.
-	Mkdir(ctx context.Context, ref, path string, opts jail.WriteOptions) (*jail.FileInfo, error)
+	Mkdir(ctx context.Context, ref, path string, opts model.WriteOptions) (*model.FileInfo, error)
 	// Remove deletes path; a non-empty directory needs recursive.
 	Remove(ctx context.Context, ref, path string, recursive bool) error
 	// Access reports whether user (default: the jail's user) may read or
 	// write (mode "read" or "write") path.
-	Access(ctx context.Context, ref, path, mode, user string) (*jail.AccessResult, error)
+	Access(ctx context.Context, ref, path, mode, user string) (*model.AccessResult, error)
 	// Health reports the daemon's state; it never fails.
-	Health(ctx context.Context) jail.Health
+	Health(ctx context.Context) model.Health
 }
 
 // Body limits.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/api/apitest"
 	"github.com/agentjail/agentjail/internal/errdefs"
-	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 const testToken = "0123456789abcdef0123456789abcdef"
@@ -74,13 +74,13 @@ func (h *harness) do(method, target string, body io.Reader, hdr map[string]strin
 	return w
 }
 
-func (h *harness) create(name string) *jail.Jail {
+func (h *harness) create(name string) *model.Jail {
 	h.t.Helper()
 	w := h.do("POST", "/jails", strings.NewReader(`{"name":"`+name+`"}`), nil)
 	if w.Code != http.StatusCreated {
 		h.t.Fatalf("create: %d %s", w.Code, w.Body)
 	}
-	var j jail.Jail
+	var j model.Jail
 	if err := json.Unmarshal(w.Body.Bytes(), &j); err != nil {
 		h.t.Fatal(err)
 	}
@@ -203,11 +203,11 @@ func TestCreateYAML(t *testing.T) {
 	if w.Code != http.StatusCreated {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
-	var j jail.Jail
+	var j model.Jail
 	if err := json.Unmarshal(w.Body.Bytes(), &j); err != nil {
 		t.Fatal(err)
 	}
-	if j.Name != "from-yaml" || j.Status != jail.StateCreated || j.Config.Isolation.Resources.MemoryBytes != 256<<20 || j.Config.Env["A"] != "b" {
+	if j.Name != "from-yaml" || j.Status != model.StateCreated || j.Config.Isolation.Resources.MemoryBytes != 256<<20 || j.Config.Env["A"] != "b" {
 		t.Fatalf("jail %+v does not reflect the YAML", j)
 	}
 }
@@ -247,7 +247,7 @@ func TestBodyLimits(t *testing.T) {
 
 	// Undeclared and too large: cut off at the limit while the service reads.
 	var got int64
-	h.svc.WriteHook = func(_ context.Context, _, _ string, r io.Reader, _ jail.WriteOptions) (*jail.FileInfo, error) {
+	h.svc.WriteHook = func(_ context.Context, _, _ string, r io.Reader, _ model.WriteOptions) (*model.FileInfo, error) {
 		n, err := io.Copy(io.Discard, r)
 		got = n
 		return nil, fmt.Errorf("writing: %w", err)
@@ -269,7 +269,7 @@ type errService struct {
 	err error
 }
 
-func (e errService) Get(context.Context, string) (*jail.Jail, error) { return nil, e.err }
+func (e errService) Get(context.Context, string) (*model.Jail, error) { return nil, e.err }
 
 func TestErrorMapping(t *testing.T) {
 	cases := []struct {
@@ -325,7 +325,7 @@ func TestNoRoute(t *testing.T) {
 
 type panicService struct{ *apitest.Service }
 
-func (panicService) List(context.Context) ([]*jail.Jail, error) { panic("boom") }
+func (panicService) List(context.Context) ([]*model.Jail, error) { panic("boom") }
 
 func TestPanicRecovered(t *testing.T) {
 	logs := &syncBuffer{}
@@ -343,7 +343,7 @@ func TestPanicRecovered(t *testing.T) {
 func TestLifecycle(t *testing.T) {
 	h := newHarness(t)
 	j := h.create("life")
-	if j.Status != jail.StateRunning {
+	if j.Status != model.StateRunning {
 		t.Fatalf("status %s", j.Status)
 	}
 	wantError(t, h.do("POST", "/jails", strings.NewReader(`{"name":"life"}`), nil), 409, "conflict")
@@ -354,7 +354,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("list: %s %v", w.Body, err)
 	}
 	w = h.do("GET", "/jails/life", nil, nil)
-	var got jail.Jail
+	var got model.Jail
 	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || got.ID != j.ID || got.Stats == nil {
 		t.Fatalf("get by name: %s %v", w.Body, err)
 	}
@@ -387,7 +387,7 @@ func TestExecBuffered(t *testing.T) {
 	h := newHarness(t)
 	j := h.create("ex")
 	w := h.do("POST", "/jails/ex/exec", strings.NewReader(`{"cmd":["fail","3","bad"]}`), nil)
-	var res jail.ExecResult
+	var res model.ExecResult
 	if err := json.Unmarshal(w.Body.Bytes(), &res); err != nil || w.Code != 200 {
 		t.Fatalf("%d %s %v", w.Code, w.Body, err)
 	}
@@ -396,7 +396,7 @@ func TestExecBuffered(t *testing.T) {
 	}
 	// base64 both ways, with bytes that are not UTF-8.
 	raw := "\xff\x00\xfe binary"
-	body, _ := json.Marshal(jail.ExecRequest{Cmd: []string{"cat"}, Stdin: base64.StdEncoding.EncodeToString([]byte(raw)), Encoding: "base64"})
+	body, _ := json.Marshal(model.ExecRequest{Cmd: []string{"cat"}, Stdin: base64.StdEncoding.EncodeToString([]byte(raw)), Encoding: "base64"})
 	w = h.do("POST", "/jails/"+j.ID+"/exec", bytes.NewReader(body), nil)
 	if err := json.Unmarshal(w.Body.Bytes(), &res); err != nil {
 		t.Fatal(err)
@@ -412,12 +412,12 @@ func TestExecStream(t *testing.T) {
 	svc := apitest.New()
 	srv := httptest.NewServer(NewServer(svc, testToken, nil))
 	defer srv.Close()
-	if _, err := svc.Create(context.Background(), jail.CreateRequest{Name: "st"}); err != nil {
+	if _, err := svc.Create(context.Background(), model.CreateRequest{Name: "st"}); err != nil {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
 	cancelled := make(chan error, 1)
-	svc.ExecHook = func(ctx context.Context, _ string, req jail.ExecRequest, out jail.ExecOutput) (*jail.ExecResult, error) {
+	svc.ExecHook = func(ctx context.Context, _ string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error) {
 		if err := out("stdout", []byte("first\n")); err != nil {
 			return nil, err
 		}
@@ -433,7 +433,7 @@ func TestExecStream(t *testing.T) {
 		if req.Cmd[0] == "break" {
 			return nil, errdefs.Unavailablef("init went away")
 		}
-		return &jail.ExecResult{ExitCode: 7, DurationMs: 1}, nil
+		return &model.ExecResult{ExitCode: 7, DurationMs: 1}, nil
 	}
 	post := func(ctx context.Context, cmd string) *http.Response {
 		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/jails/st/exec/stream", strings.NewReader(`{"cmd":["`+cmd+`"]}`))
@@ -527,7 +527,7 @@ func TestFiles(t *testing.T) {
 	if w.Code != 201 {
 		t.Fatalf("put: %d %s", w.Code, w.Body)
 	}
-	var fi jail.FileInfo
+	var fi model.FileInfo
 	if err := json.Unmarshal(w.Body.Bytes(), &fi); err != nil || fi.Path != "/workspace/dir/a b.txt" || fi.Mode != "0600" || fi.Size != 5 {
 		t.Fatalf("put answer %s %v", w.Body, err)
 	}
@@ -553,7 +553,7 @@ func TestFiles(t *testing.T) {
 		t.Fatalf("stat %s %v", w.Body, err)
 	}
 	w = h.do("GET", base+"workspace?access=write&user=root", nil, nil)
-	var ar jail.AccessResult
+	var ar model.AccessResult
 	if err := json.Unmarshal(w.Body.Bytes(), &ar); err != nil || !ar.Accessible || ar.User != "root" || ar.Mode != "write" {
 		t.Fatalf("access %s %v", w.Body, err)
 	}

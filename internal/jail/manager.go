@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentjail/agentjail/internal/model"
 	"io"
 	"log/slog"
 	"os"
@@ -67,12 +68,12 @@ type Manager struct {
 type entry struct {
 	op     sync.Mutex
 	mu     sync.RWMutex
-	rec    Jail
+	rec    model.Jail
 	dir    string
 	unwait func()
 }
 
-func (e *entry) snapshot() Jail {
+func (e *entry) snapshot() model.Jail {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return e.rec
@@ -220,7 +221,7 @@ func (m *Manager) instance(e *entry) backend.Instance {
 	return backend.Instance{ID: j.ID, Dir: e.dir, Config: &cfg, Hostname: hostname(&j)}
 }
 
-func hostname(j *Jail) string {
+func hostname(j *model.Jail) string {
 	if j.Config.Hostname != "" {
 		return j.Config.Hostname
 	}
@@ -261,7 +262,7 @@ func (m *Manager) persist(e *entry) error {
 }
 
 // setState changes the record under its lock and persists it.
-func (m *Manager) setState(e *entry, f func(j *Jail)) {
+func (m *Manager) setState(e *entry, f func(j *model.Jail)) {
 	e.mu.Lock()
 	f(&e.rec)
 	e.mu.Unlock()
@@ -272,7 +273,7 @@ func (m *Manager) setState(e *entry, f func(j *Jail)) {
 
 // Create implements the API's create: validate, record, prepare and
 // (unless req.Start is false) start. A failed create leaves nothing behind.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Jail, error) {
+func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error) {
 	cfg := req.Config
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(m.host); err != nil {
@@ -285,7 +286,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Jail, error) 
 	} else if err := config.ValidName(name); err != nil {
 		return nil, err
 	}
-	e := &entry{dir: m.jailDir(id), rec: Jail{ID: id, Name: name, Status: StateCreated, CreatedAt: time.Now().UTC(), Config: cfg}}
+	e := &entry{dir: m.jailDir(id), rec: model.Jail{ID: id, Name: name, Status: model.StateCreated, CreatedAt: time.Now().UTC(), Config: cfg}}
 	m.mu.Lock()
 	if _, taken := m.names[name]; taken {
 		m.mu.Unlock()
@@ -297,7 +298,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Jail, error) 
 	e.op.Lock()
 	defer e.op.Unlock()
 
-	fail := func(err error) (*Jail, error) {
+	fail := func(err error) (*model.Jail, error) {
 		m.forget(e)
 		if derr := m.backend.Destroy(context.WithoutCancel(ctx), m.instance(e)); derr != nil {
 			m.log.Error("releasing a failed jail", "jail", id, "err", derr)
@@ -338,9 +339,9 @@ func (m *Manager) forget(e *entry) {
 }
 
 // List returns every jail, oldest first.
-func (m *Manager) List(ctx context.Context) ([]*Jail, error) {
+func (m *Manager) List(ctx context.Context) ([]*model.Jail, error) {
 	m.mu.Lock()
-	out := make([]*Jail, 0, len(m.jails))
+	out := make([]*model.Jail, 0, len(m.jails))
 	for _, e := range m.jails {
 		j := e.snapshot()
 		out = append(out, &j)
@@ -356,15 +357,15 @@ func (m *Manager) List(ctx context.Context) ([]*Jail, error) {
 }
 
 // Get returns a jail with live stats when it runs.
-func (m *Manager) Get(ctx context.Context, ref string) (*Jail, error) {
+func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
 	e, err := m.lookup(ref)
 	if err != nil {
 		return nil, err
 	}
 	j := e.snapshot()
-	if j.Status == StateRunning {
+	if j.Status == model.StateRunning {
 		if st, err := m.backend.Stats(ctx, m.instance(e)); err == nil {
-			j.Stats = &Stats{
+			j.Stats = &model.Stats{
 				MemoryBytes: st.MemoryBytes, MemoryLimitBytes: st.MemoryLimitBytes,
 				CPUTimeNs: st.CPUTimeNs, Pids: st.Pids, PidsLimit: st.PidsLimit, OOMKills: st.OOMKills,
 				DiskUsedBytes: st.DiskUsedBytes, DiskLimitBytes: st.DiskLimitBytes,
@@ -377,7 +378,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*Jail, error) {
 }
 
 // Start starts a created, stopped or failed jail.
-func (m *Manager) Start(ctx context.Context, ref string) (*Jail, error) {
+func (m *Manager) Start(ctx context.Context, ref string) (*model.Jail, error) {
 	e, err := m.lookup(ref)
 	if err != nil {
 		return nil, err
@@ -395,19 +396,19 @@ func (m *Manager) Start(ctx context.Context, ref string) (*Jail, error) {
 func (m *Manager) start(ctx context.Context, e *entry) error {
 	j := e.snapshot()
 	switch j.Status {
-	case StateCreated, StateStopped, StateError:
+	case model.StateCreated, model.StateStopped, model.StateError:
 	default:
 		return errdefs.Conflictf("jail %s is %s; only a created, stopped or failed jail can be started", j.Name, j.Status)
 	}
-	m.setState(e, func(j *Jail) { j.Status = StateStarting; j.Error = "" })
+	m.setState(e, func(j *model.Jail) { j.Status = model.StateStarting; j.Error = "" })
 	st, err := m.backend.Start(ctx, m.instance(e))
 	if err != nil {
-		m.setState(e, func(j *Jail) { j.Status = StateError; j.Error = err.Error(); j.Pid = 0 })
+		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error(); j.Pid = 0 })
 		return err
 	}
 	now := time.Now().UTC()
-	m.setState(e, func(j *Jail) {
-		j.Status = StateRunning
+	m.setState(e, func(j *model.Jail) {
+		j.Status = model.StateRunning
 		j.Pid = st.Pid
 		j.StartedAt = &now
 		j.StoppedAt = nil
@@ -442,7 +443,7 @@ func (m *Manager) initExited(e *entry, pid int) {
 	e.op.Lock()
 	defer e.op.Unlock()
 	j := e.snapshot()
-	if j.Status != StateRunning || j.Pid != pid {
+	if j.Status != model.StateRunning || j.Pid != pid {
 		return
 	}
 	m.log.Warn("jail init exited unexpectedly", "jail", j.ID, "pid", pid)
@@ -450,8 +451,8 @@ func (m *Manager) initExited(e *entry, pid int) {
 		m.log.Error("cleaning up after init exit", "jail", j.ID, "err", err)
 	}
 	now := time.Now().UTC()
-	m.setState(e, func(j *Jail) {
-		j.Status = StateError
+	m.setState(e, func(j *model.Jail) {
+		j.Status = model.StateError
 		j.Error = "the jail's init exited unexpectedly"
 		j.Pid = 0
 		j.StoppedAt = &now
@@ -460,7 +461,7 @@ func (m *Manager) initExited(e *entry, pid int) {
 
 // Stop stops a running (or failed) jail, waiting up to grace for its
 // processes to exit before killing them.
-func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*Jail, error) {
+func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*model.Jail, error) {
 	e, err := m.lookup(ref)
 	if err != nil {
 		return nil, err
@@ -469,20 +470,20 @@ func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*J
 	defer e.op.Unlock()
 	j := e.snapshot()
 	switch j.Status {
-	case StateRunning, StateError:
-	case StateStopped, StateCreated:
+	case model.StateRunning, model.StateError:
+	case model.StateStopped, model.StateCreated:
 		return nil, errdefs.Conflictf("jail %s is already stopped (%s)", j.Name, j.Status)
 	default:
 		return nil, errdefs.Conflictf("jail %s is %s; only a running jail can be stopped", j.Name, j.Status)
 	}
 	m.unwatch(e)
-	m.setState(e, func(j *Jail) { j.Status = StateStopping })
+	m.setState(e, func(j *model.Jail) { j.Status = model.StateStopping })
 	if err := m.backend.Stop(ctx, m.instance(e), grace); err != nil {
-		m.setState(e, func(j *Jail) { j.Status = StateError; j.Error = err.Error() })
+		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error() })
 		return nil, err
 	}
 	now := time.Now().UTC()
-	m.setState(e, func(j *Jail) { j.Status = StateStopped; j.Pid = 0; j.StoppedAt = &now })
+	m.setState(e, func(j *model.Jail) { j.Status = model.StateStopped; j.Pid = 0; j.StoppedAt = &now })
 	out := e.snapshot()
 	return &out, nil
 }
@@ -496,19 +497,19 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	e.op.Lock()
 	defer e.op.Unlock()
 	j := e.snapshot()
-	if j.Status == StateDestroyed {
+	if j.Status == model.StateDestroyed {
 		return errdefs.NotFoundf("no jail with id or name %q", ref)
 	}
 	m.unwatch(e)
 	if err := m.backend.Destroy(ctx, m.instance(e)); err != nil {
-		m.setState(e, func(j *Jail) { j.Status = StateError; j.Error = "destroy: " + err.Error() })
+		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = "destroy: " + err.Error() })
 		return fmt.Errorf("destroying jail %s: %w", j.Name, err)
 	}
 	if err := removeJailDir(e.dir); err != nil {
 		return fmt.Errorf("destroying jail %s: %w", j.Name, err)
 	}
 	e.mu.Lock()
-	e.rec.Status = StateDestroyed
+	e.rec.Status = model.StateDestroyed
 	e.mu.Unlock()
 	m.forget(e)
 	return nil
@@ -561,9 +562,9 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.jails[e.rec.ID] = e
 		m.names[e.rec.Name] = e.rec.ID
 		switch e.rec.Status {
-		case StateRunning, StateStarting, StateStopping:
+		case model.StateRunning, model.StateStarting, model.StateStopping:
 			st, err := m.backend.Status(ctx, m.instance(e))
-			if err == nil && st.Running && e.rec.Status == StateRunning {
+			if err == nil && st.Running && e.rec.Status == model.StateRunning {
 				e.rec.Pid = st.Pid
 				m.log.Info("re-adopted running jail", "jail", e.rec.ID, "pid", st.Pid)
 				m.watch(e, st.Pid)
@@ -573,7 +574,7 @@ func (m *Manager) recover(ctx context.Context) error {
 				m.log.Error("stopping a jail found half-way", "jail", e.rec.ID, "err", err)
 			}
 			now := time.Now().UTC()
-			e.rec.Status, e.rec.Pid, e.rec.StoppedAt = StateStopped, 0, &now
+			e.rec.Status, e.rec.Pid, e.rec.StoppedAt = model.StateStopped, 0, &now
 			if err := m.persist(e); err != nil {
 				return err
 			}
@@ -583,28 +584,28 @@ func (m *Manager) recover(ctx context.Context) error {
 }
 
 // Health reports the daemon's state.
-func (m *Manager) Health(ctx context.Context) Health {
+func (m *Manager) Health(ctx context.Context) model.Health {
 	caps := m.backend.Capabilities()
-	h := Health{Status: "ok", Version: Version, Checks: map[string]Check{}, Backend: map[string]string{
+	h := model.Health{Status: "ok", Version: Version, Checks: map[string]model.Check{}, Backend: map[string]string{
 		"level": caps.Level, "runtime": caps.Runtime, "cgroups": cgroups.Mode(),
 	}}
 	m.mu.Lock()
 	h.Jails = len(m.jails)
 	for _, e := range m.jails {
-		if e.snapshot().Status == StateRunning {
+		if e.snapshot().Status == model.StateRunning {
 			h.Running++
 		}
 	}
 	m.mu.Unlock()
 	pool := filepath.Join(m.opts.DataDir, "pool")
 	if ok, err := storage.IsMounted(pool); err != nil || !ok {
-		h.Checks["storage"] = Check{OK: false, Message: fmt.Sprintf("storage pool %s is not mounted", pool)}
+		h.Checks["storage"] = model.Check{OK: false, Message: fmt.Sprintf("storage pool %s is not mounted", pool)}
 		h.Status = "degraded"
 	} else {
-		h.Checks["storage"] = Check{OK: true}
+		h.Checks["storage"] = model.Check{OK: true}
 	}
-	h.Checks["runtime"] = Check{OK: true, Message: caps.Runtime}
-	h.Checks["checkpoint"] = Check{OK: caps.Checkpoint, Message: caps.CheckpointReason}
+	h.Checks["runtime"] = model.Check{OK: true, Message: caps.Runtime}
+	h.Checks["checkpoint"] = model.Check{OK: caps.Checkpoint, Message: caps.CheckpointReason}
 	return h
 }
 

@@ -3,6 +3,7 @@ package jail
 import (
 	"bytes"
 	"context"
+	"github.com/agentjail/agentjail/internal/model"
 	"io"
 	"path"
 	"slices"
@@ -25,7 +26,7 @@ func (m *Manager) running(ref string) (backend.Instance, *initclient.Client, err
 		return backend.Instance{}, nil, err
 	}
 	j := e.snapshot()
-	if j.Status != StateRunning {
+	if j.Status != model.StateRunning {
 		return backend.Instance{}, nil, errdefs.Conflictf("jail %s is %s; it must be running", j.Name, j.Status)
 	}
 	inst := m.instance(e)
@@ -54,7 +55,7 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 // streamWriter forwards writes to an ExecOutput.
 type streamWriter struct {
 	name string
-	out  ExecOutput
+	out  model.ExecOutput
 }
 
 func (s streamWriter) Write(p []byte) (int, error) {
@@ -64,7 +65,7 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func validateExec(req *ExecRequest) error {
+func validateExec(req *model.ExecRequest) error {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return errdefs.Invalidf("cmd: at least the program name is required")
 	}
@@ -91,7 +92,7 @@ func validateExec(req *ExecRequest) error {
 // buffered (each stream capped at MaxExecOutput); otherwise it is streamed
 // to out as it happens. Cancelling ctx kills the command and its
 // descendants.
-func (m *Manager) Exec(ctx context.Context, ref string, req ExecRequest, out ExecOutput) (*ExecResult, error) {
+func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error) {
 	if err := validateExec(&req); err != nil {
 		return nil, err
 	}
@@ -107,8 +108,8 @@ func (m *Manager) Exec(ctx context.Context, ref string, req ExecRequest, out Exe
 	var stdout, stderr io.Writer
 	var bout, berr *cappedBuffer
 	if out == nil {
-		bout = &cappedBuffer{max: MaxExecOutput}
-		berr = &cappedBuffer{max: MaxExecOutput}
+		bout = &cappedBuffer{max: model.MaxExecOutput}
+		berr = &cappedBuffer{max: model.MaxExecOutput}
 		stdout, stderr = bout, berr
 	} else {
 		stdout, stderr = streamWriter{"stdout", out}, streamWriter{"stderr", out}
@@ -125,7 +126,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req ExecRequest, out Exe
 	if err != nil {
 		return nil, err
 	}
-	res := &ExecResult{
+	res := &model.ExecResult{
 		ExitCode:   st.Code,
 		Signal:     st.Signal,
 		TimedOut:   st.TimedOut,
@@ -154,8 +155,8 @@ func (m *Manager) oomKills(ctx context.Context, inst backend.Instance) uint64 {
 	return st.OOMKills
 }
 
-func fileInfo(fi initproto.FileInfo) FileInfo {
-	return FileInfo{
+func fileInfo(fi initproto.FileInfo) model.FileInfo {
+	return model.FileInfo{
 		Name:       fi.Name,
 		Path:       fi.Path,
 		Type:       fi.Type,
@@ -179,7 +180,7 @@ func checkPath(p string) error {
 }
 
 // Stat describes a path in a running jail (without following a final symlink).
-func (m *Manager) Stat(ctx context.Context, ref, p string) (*FileInfo, error) {
+func (m *Manager) Stat(ctx context.Context, ref, p string) (*model.FileInfo, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
@@ -196,7 +197,7 @@ func (m *Manager) Stat(ctx context.Context, ref, p string) (*FileInfo, error) {
 }
 
 // ReadDir lists a directory of a running jail.
-func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]FileInfo, error) {
+func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]model.FileInfo, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
@@ -208,7 +209,7 @@ func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]FileInfo, error
 	if err != nil {
 		return nil, err
 	}
-	out := make([]FileInfo, len(list))
+	out := make([]model.FileInfo, len(list))
 	for i, fi := range list {
 		out[i] = fileInfo(fi)
 	}
@@ -216,7 +217,7 @@ func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]FileInfo, error
 }
 
 // ReadFile opens a file of a running jail; the caller closes the reader.
-func (m *Manager) ReadFile(ctx context.Context, ref, p string) (*FileInfo, io.ReadCloser, error) {
+func (m *Manager) ReadFile(ctx context.Context, ref, p string) (*model.FileInfo, io.ReadCloser, error) {
 	if err := checkPath(p); err != nil {
 		return nil, nil, err
 	}
@@ -233,7 +234,7 @@ func (m *Manager) ReadFile(ctx context.Context, ref, p string) (*FileInfo, io.Re
 }
 
 // WriteFile writes r to a file of a running jail, creating parents.
-func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts WriteOptions) (*FileInfo, error) {
+func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts model.WriteOptions) (*model.FileInfo, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
@@ -250,7 +251,7 @@ func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opt
 }
 
 // Mkdir creates a directory (and its parents) in a running jail.
-func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts WriteOptions) (*FileInfo, error) {
+func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts model.WriteOptions) (*model.FileInfo, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
@@ -283,7 +284,7 @@ func (m *Manager) Remove(ctx context.Context, ref, p string, recursive bool) err
 }
 
 // Access tells whether user (default: the jail's) may read or write path.
-func (m *Manager) Access(ctx context.Context, ref, p, mode, user string) (*AccessResult, error) {
+func (m *Manager) Access(ctx context.Context, ref, p, mode, user string) (*model.AccessResult, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
@@ -301,5 +302,5 @@ func (m *Manager) Access(ctx context.Context, ref, p, mode, user string) (*Acces
 	if err != nil {
 		return nil, err
 	}
-	return &AccessResult{Path: p, Mode: mode, User: user, Accessible: ok, Reason: reason}, nil
+	return &model.AccessResult{Path: p, Mode: mode, User: user, Accessible: ok, Reason: reason}, nil
 }

@@ -111,9 +111,10 @@ type Event struct {
 	Args  [6]uint64
 	Ret   int64
 	DurNS uint64
-	Path  string // syscall (first path argument), file
-	Path2 string // syscall (second path argument), file (rename/link target)
-	Addr  string // syscall: the socket address argument, decoded
+	Path  string   // syscall (first path argument), file
+	Path2 string   // syscall (second path argument), file (rename/link target)
+	Addr  string   // syscall: the socket address argument, decoded
+	FDs   [2]int32 // syscall: the descriptors a successful pipe, pipe2 or socketpair filled in
 
 	// file, proc
 	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit
@@ -181,6 +182,13 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = appendOptString(b, "path", e.Path)
 		b = appendOptString(b, "path2", e.Path2)
 		b = appendOptString(b, "addr", e.Addr)
+		if (e.NR == sysPipe || e.NR == sysPipe2 || e.NR == sysSocketpair) && e.Ret == 0 {
+			b = append(b, `,"fds":[`...)
+			b = strconv.AppendInt(b, int64(e.FDs[0]), 10)
+			b = append(b, ',')
+			b = strconv.AppendInt(b, int64(e.FDs[1]), 10)
+			b = append(b, ']')
+		}
 	case TypeFile:
 		b = e.appendIDs(b, true)
 		b = appendStringField(b, "op", e.Op)

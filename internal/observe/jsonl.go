@@ -99,7 +99,7 @@ func OpenWriter(dir string, opts WriterOptions) (*Writer, error) {
 		done:     make(chan struct{}),
 	}
 	for i, name := range streamFiles {
-		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_APPEND|os.O_CLOEXEC, 0o640)
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 		if err != nil {
 			for _, g := range w.files[:i] {
 				g.Close()

@@ -137,7 +137,7 @@ func shared(tb testing.TB) *daemon {
 
 // newDaemon starts a daemon of the test's own on a fresh data dir; it is
 // shut down, torn down and checked for leftovers when the test ends.
-func newDaemon(t *testing.T) *daemon {
+func newDaemon(t testing.TB) *daemon {
 	t.Helper()
 	requireEnv(t)
 	d, err := startDaemon("")

@@ -69,7 +69,7 @@ func TestLimitPids(t *testing.T) {
 			r, _ := d.api.send("POST", "/jails/"+j.ID+"/exec", execReq{
 				// The parent needs no fork to wait: the timeout, not a
 				// failed fork, ends the exec and must kill the whole tree.
-				Cmd: []string{"python3", "-c", "import subprocess, time\nsubprocess.Popen(['sh', '-c', 'b() { b | b & }; b'])\ntime.sleep(120)"},
+				Cmd:       []string{"python3", "-c", "import subprocess, time\nsubprocess.Popen(['sh', '-c', 'b() { b | b & }; b'])\ntime.sleep(120)"},
 				TimeoutMs: 8000,
 			})
 			done <- r

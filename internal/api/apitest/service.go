@@ -19,15 +19,16 @@ import (
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // Service is an in-memory api.Service. Its zero value is not usable; use
 // New. Hooks, when set, replace the built-in behaviour of a method.
 type Service struct {
 	// ExecHook, when set, runs instead of the built-in commands.
-	ExecHook func(ctx context.Context, ref string, req jail.ExecRequest, out jail.ExecOutput) (*jail.ExecResult, error)
+	ExecHook func(ctx context.Context, ref string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error)
 	// WriteHook, when set, runs instead of the built-in WriteFile.
-	WriteHook func(ctx context.Context, ref, p string, r io.Reader, opts jail.WriteOptions) (*jail.FileInfo, error)
+	WriteHook func(ctx context.Context, ref, p string, r io.Reader, opts model.WriteOptions) (*model.FileInfo, error)
 
 	mu    sync.Mutex
 	jails map[string]*fakeJail
@@ -37,7 +38,7 @@ type Service struct {
 }
 
 type fakeJail struct {
-	j     jail.Jail
+	j     model.Jail
 	files map[string]*node
 }
 
@@ -69,14 +70,14 @@ func (s *Service) running(ref string) (*fakeJail, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fj.j.Status != jail.StateRunning {
+	if fj.j.Status != model.StateRunning {
 		return nil, errdefs.Conflictf("jail %s is %s, not running", fj.j.Name, fj.j.Status)
 	}
 	return fj, nil
 }
 
 // Create makes a jail record, running unless req.Start is false.
-func (s *Service) Create(_ context.Context, req jail.CreateRequest) (*jail.Jail, error) {
+func (s *Service) Create(_ context.Context, req model.CreateRequest) (*model.Jail, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next++
@@ -95,11 +96,11 @@ func (s *Service) Create(_ context.Context, req jail.CreateRequest) (*jail.Jail,
 	cfg.ApplyDefaults()
 	now := time.Now().UTC()
 	fj := &fakeJail{
-		j:     jail.Jail{ID: id, Name: name, Status: jail.StateCreated, CreatedAt: now, Config: cfg},
+		j:     model.Jail{ID: id, Name: name, Status: model.StateCreated, CreatedAt: now, Config: cfg},
 		files: map[string]*node{"/": {dir: true, mode: 0o755, mtime: now}, "/workspace": {dir: true, mode: 0o755, mtime: now}},
 	}
 	if req.Start == nil || *req.Start {
-		fj.j.Status, fj.j.StartedAt, fj.j.Pid = jail.StateRunning, &now, 4242
+		fj.j.Status, fj.j.StartedAt, fj.j.Pid = model.StateRunning, &now, 4242
 	}
 	s.jails[id] = fj
 	out := fj.j
@@ -107,10 +108,10 @@ func (s *Service) Create(_ context.Context, req jail.CreateRequest) (*jail.Jail,
 }
 
 // List returns every jail.
-func (s *Service) List(context.Context) ([]*jail.Jail, error) {
+func (s *Service) List(context.Context) ([]*model.Jail, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*jail.Jail
+	var out []*model.Jail
 	for _, fj := range s.jails {
 		j := fj.j
 		out = append(out, &j)
@@ -120,7 +121,7 @@ func (s *Service) List(context.Context) ([]*jail.Jail, error) {
 }
 
 // Get returns one jail with made-up stats while it runs.
-func (s *Service) Get(_ context.Context, ref string) (*jail.Jail, error) {
+func (s *Service) Get(_ context.Context, ref string) (*model.Jail, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.lookup(ref)
@@ -128,32 +129,32 @@ func (s *Service) Get(_ context.Context, ref string) (*jail.Jail, error) {
 		return nil, err
 	}
 	j := fj.j
-	if j.Status == jail.StateRunning {
+	if j.Status == model.StateRunning {
 		r := j.Config.Isolation.Resources
-		j.Stats = &jail.Stats{MemoryBytes: 1 << 20, MemoryLimitBytes: uint64(r.MemoryBytes), Pids: 1, PidsLimit: uint64(r.PidsLimit), DiskLimitBytes: uint64(r.DiskBytes)}
+		j.Stats = &model.Stats{MemoryBytes: 1 << 20, MemoryLimitBytes: uint64(r.MemoryBytes), Pids: 1, PidsLimit: uint64(r.PidsLimit), DiskLimitBytes: uint64(r.DiskBytes)}
 	}
 	return &j, nil
 }
 
 // Start moves a created or stopped jail to running.
-func (s *Service) Start(_ context.Context, ref string) (*jail.Jail, error) {
+func (s *Service) Start(_ context.Context, ref string) (*model.Jail, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.lookup(ref)
 	if err != nil {
 		return nil, err
 	}
-	if fj.j.Status != jail.StateCreated && fj.j.Status != jail.StateStopped {
+	if fj.j.Status != model.StateCreated && fj.j.Status != model.StateStopped {
 		return nil, errdefs.Conflictf("jail %s is %s", fj.j.Name, fj.j.Status)
 	}
 	now := time.Now().UTC()
-	fj.j.Status, fj.j.StartedAt, fj.j.Pid = jail.StateRunning, &now, 4242
+	fj.j.Status, fj.j.StartedAt, fj.j.Pid = model.StateRunning, &now, 4242
 	out := fj.j
 	return &out, nil
 }
 
 // Stop moves a running jail to stopped and records grace in Stops.
-func (s *Service) Stop(_ context.Context, ref string, grace time.Duration) (*jail.Jail, error) {
+func (s *Service) Stop(_ context.Context, ref string, grace time.Duration) (*model.Jail, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.running(ref)
@@ -162,7 +163,7 @@ func (s *Service) Stop(_ context.Context, ref string, grace time.Duration) (*jai
 	}
 	s.Stops = append(s.Stops, grace)
 	now := time.Now().UTC()
-	fj.j.Status, fj.j.StoppedAt, fj.j.Pid = jail.StateStopped, &now, 0
+	fj.j.Status, fj.j.StoppedAt, fj.j.Pid = model.StateStopped, &now, 0
 	out := fj.j
 	return &out, nil
 }
@@ -182,7 +183,7 @@ func (s *Service) Destroy(_ context.Context, ref string) error {
 // Exec runs ExecHook if set, else one of the built-in commands:
 // "echo ARGS..." (stdout), "cat" (stdin to stdout), "fail CODE MSG" (MSG
 // to stderr, exit CODE), "kill SIGNAME" (killed by the signal).
-func (s *Service) Exec(ctx context.Context, ref string, req jail.ExecRequest, out jail.ExecOutput) (*jail.ExecResult, error) {
+func (s *Service) Exec(ctx context.Context, ref string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error) {
 	s.mu.Lock()
 	_, err := s.running(ref)
 	hook := s.ExecHook
@@ -197,7 +198,7 @@ func (s *Service) Exec(ctx context.Context, ref string, req jail.ExecRequest, ou
 		return hook(ctx, ref, req, out)
 	}
 	var stdout, stderr bytes.Buffer
-	res := &jail.ExecResult{}
+	res := &model.ExecResult{}
 	switch req.Cmd[0] {
 	case "echo":
 		stdout.WriteString(strings.Join(req.Cmd[1:], " ") + "\n")
@@ -231,12 +232,12 @@ func (s *Service) Exec(ctx context.Context, ref string, req jail.ExecRequest, ou
 	return res, nil
 }
 
-func (fj *fakeJail) info(p string) (*jail.FileInfo, error) {
+func (fj *fakeJail) info(p string) (*model.FileInfo, error) {
 	n, ok := fj.files[p]
 	if !ok {
 		return nil, errdefs.NotFoundf("%s: no such file or directory", p)
 	}
-	fi := &jail.FileInfo{Name: path.Base(p), Path: p, Type: "file", Size: int64(len(n.data)), Mode: fmt.Sprintf("%04o", n.mode), ModTime: n.mtime, UID: 1000, GID: 1000}
+	fi := &model.FileInfo{Name: path.Base(p), Path: p, Type: "file", Size: int64(len(n.data)), Mode: fmt.Sprintf("%04o", n.mode), ModTime: n.mtime, UID: 1000, GID: 1000}
 	switch {
 	case n.dir:
 		fi.Type, fi.Size = "dir", 0
@@ -259,7 +260,7 @@ func (s *Service) AddSymlink(ref, p, target string) error {
 }
 
 // Stat describes a path.
-func (s *Service) Stat(_ context.Context, ref, p string) (*jail.FileInfo, error) {
+func (s *Service) Stat(_ context.Context, ref, p string) (*model.FileInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.running(ref)
@@ -270,7 +271,7 @@ func (s *Service) Stat(_ context.Context, ref, p string) (*jail.FileInfo, error)
 }
 
 // ReadDir lists a directory, sorted by name.
-func (s *Service) ReadDir(_ context.Context, ref, p string) ([]jail.FileInfo, error) {
+func (s *Service) ReadDir(_ context.Context, ref, p string) ([]model.FileInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.running(ref)
@@ -280,7 +281,7 @@ func (s *Service) ReadDir(_ context.Context, ref, p string) ([]jail.FileInfo, er
 	if n, ok := fj.files[p]; !ok || !n.dir {
 		return nil, errdefs.Invalidf("%s: not a directory", p)
 	}
-	var out []jail.FileInfo
+	var out []model.FileInfo
 	for q := range fj.files {
 		if q != "/" && path.Dir(q) == p {
 			fi, _ := fj.info(q)
@@ -292,7 +293,7 @@ func (s *Service) ReadDir(_ context.Context, ref, p string) ([]jail.FileInfo, er
 }
 
 // ReadFile opens a regular file.
-func (s *Service) ReadFile(_ context.Context, ref, p string) (*jail.FileInfo, io.ReadCloser, error) {
+func (s *Service) ReadFile(_ context.Context, ref, p string) (*model.FileInfo, io.ReadCloser, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.running(ref)
@@ -318,7 +319,7 @@ func (fj *fakeJail) mkdirAll(p string, mode uint32) {
 }
 
 // WriteFile runs WriteHook if set, else stores r's bytes (creating parents).
-func (s *Service) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts jail.WriteOptions) (*jail.FileInfo, error) {
+func (s *Service) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts model.WriteOptions) (*model.FileInfo, error) {
 	if s.WriteHook != nil {
 		return s.WriteHook(ctx, ref, p, r, opts)
 	}
@@ -345,7 +346,7 @@ func (s *Service) WriteFile(ctx context.Context, ref, p string, r io.Reader, opt
 }
 
 // Mkdir creates a directory and its parents.
-func (s *Service) Mkdir(_ context.Context, ref, p string, opts jail.WriteOptions) (*jail.FileInfo, error) {
+func (s *Service) Mkdir(_ context.Context, ref, p string, opts model.WriteOptions) (*model.FileInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.running(ref)
@@ -392,7 +393,7 @@ func (s *Service) Remove(_ context.Context, ref, p string, recursive bool) error
 }
 
 // Access answers that every existing path is accessible.
-func (s *Service) Access(_ context.Context, ref, p, mode, user string) (*jail.AccessResult, error) {
+func (s *Service) Access(_ context.Context, ref, p, mode, user string) (*model.AccessResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.running(ref)
@@ -403,7 +404,7 @@ func (s *Service) Access(_ context.Context, ref, p, mode, user string) (*jail.Ac
 		user = fj.j.Config.Isolation.Process.User
 	}
 	_, ok := fj.files[p]
-	res := &jail.AccessResult{Path: p, Mode: mode, User: user, Accessible: ok}
+	res := &model.AccessResult{Path: p, Mode: mode, User: user, Accessible: ok}
 	if !ok {
 		res.Reason = "no such file or directory"
 	}
@@ -411,12 +412,12 @@ func (s *Service) Access(_ context.Context, ref, p, mode, user string) (*jail.Ac
 }
 
 // Health reports ok with the number of jails.
-func (s *Service) Health(context.Context) jail.Health {
+func (s *Service) Health(context.Context) model.Health {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := jail.Health{Status: "ok", Version: "test", Jails: len(s.jails), Checks: map[string]jail.Check{"memory": {OK: true}}}
+	h := model.Health{Status: "ok", Version: "test", Jails: len(s.jails), Checks: map[string]model.Check{"memory": {OK: true}}}
 	for _, fj := range s.jails {
-		if fj.j.Status == jail.StateRunning {
+		if fj.j.Status == model.StateRunning {
 			h.Running++
 		}
 	}

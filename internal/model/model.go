@@ -1,4 +1,7 @@
-package jail
+// Package model defines the objects agentjail exchanges over its API:
+// jails, their stats, exec requests and results, file information and
+// health. It imports nothing heavy so that the public client can use it.
+package model
 
 import (
 	"time"

@@ -1,0 +1,208 @@
+// Package initproto is the wire format between the agentjail daemon and the
+// in-jail init (PID 1 of every jail): the in-jail paths of the control
+// directory, init's configuration file, and a framed request/stream protocol
+// carried over the unix stream socket init listens on.
+//
+// # Framing
+//
+// Every message is a frame: one type byte, a 4-byte big-endian payload
+// length, then the payload. Control messages carry JSON payloads; stream
+// messages (stdin, stdout, stderr, file data) carry raw bytes.
+//
+// # Connections
+//
+// A connection carries exactly one operation. The client sends one request
+// frame (a Msg* request type below), then the operation proceeds:
+//
+//   - Ping, Signal, Kill, List, Stat, ReadDir, Mkdir, Remove, Rename, Access:
+//     init answers with one MsgOK frame (JSON result, possibly empty) or one
+//     MsgError frame (JSON Error).
+//   - Exec: init answers MsgStarted (JSON Started) or MsgError. After
+//     MsgStarted the client may send MsgStdin / MsgStdinClose (when the
+//     request asked for a stdin stream) and init sends MsgStdout / MsgStderr
+//     chunks as they are produced, then exactly one MsgExit (JSON ExitStatus)
+//     and closes the connection. A client that closes the connection before
+//     MsgExit gets the command and all its descendants killed. Another
+//     connection may Signal or Kill the process by its pid.
+//   - ReadFile: init answers MsgOK (JSON FileInfo) or MsgError, then after
+//     MsgOK streams MsgData frames ended by MsgEOF, or by MsgError when
+//     reading fails midway.
+//   - WriteFile: init answers MsgOK (empty: ready) or MsgError; after MsgOK
+//     the client streams MsgData frames ended by MsgEOF, and init answers
+//     MsgOK (JSON FileInfo of the written file) or MsgError.
+//
+// # Reserved for what comes next
+//
+// The process model is shaped for an E2B-style process API: processes are
+// identified by their in-jail pid, can be listed, signalled and killed from
+// any connection. Attaching to a running process from a new connection
+// (MsgAttach), PTY sessions (ExecRequest.PTY) and terminal resizing
+// (MsgResize) have reserved message types and fields; init answers them
+// with a KindNotImplemented error until they are implemented.
+package initproto
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// In-jail paths of init's binary and control directory.
+const (
+	// JailDir holds everything agentjail places inside a jail.
+	JailDir = "/.agentjail"
+	// Binary is the agentjail binary inside the jail (a read-only bind mount).
+	Binary = "/.agentjail/agentjail"
+	// ControlDir is the control directory (0700, root), bind-mounted from
+	// the jail's run/ directory on the host.
+	ControlDir = "/.agentjail/run"
+	// SocketName is init's control socket in ControlDir.
+	SocketName = "init.sock"
+	// ConfigName is init's configuration (InitConfig as JSON) in ControlDir.
+	ConfigName = "init.json"
+	// LogName is init's log in ControlDir.
+	LogName = "init.log"
+)
+
+// ReadyLine is what init writes to its original stdout once its socket
+// accepts connections.
+const ReadyLine = "ready\n"
+
+// MsgType is the type byte of a frame.
+type MsgType uint8
+
+// Request types: the first frame of a connection.
+const (
+	MsgPing      MsgType = 0x01 // empty payload
+	MsgExec      MsgType = 0x02 // ExecRequest
+	MsgAttach    MsgType = 0x03 // AttachRequest: reserved, not implemented
+	MsgSignal    MsgType = 0x04 // SignalRequest
+	MsgKill      MsgType = 0x05 // KillRequest
+	MsgList      MsgType = 0x06 // empty payload; OK carries []ProcessInfo
+	MsgStat      MsgType = 0x10 // PathRequest; OK carries FileInfo
+	MsgReadDir   MsgType = 0x11 // PathRequest; OK carries []FileInfo
+	MsgReadFile  MsgType = 0x12 // PathRequest
+	MsgWriteFile MsgType = 0x13 // WriteRequest
+	MsgMkdir     MsgType = 0x14 // MkdirRequest; OK carries FileInfo
+	MsgRemove    MsgType = 0x15 // RemoveRequest
+	MsgRename    MsgType = 0x16 // RenameRequest
+	MsgAccess    MsgType = 0x17 // AccessRequest; OK carries AccessResult
+)
+
+// Stream types sent by the client after a request.
+const (
+	MsgStdin      MsgType = 0x20 // raw bytes for the process's stdin
+	MsgStdinClose MsgType = 0x21 // empty: close the process's stdin
+	MsgResize     MsgType = 0x22 // ResizeRequest: reserved, not implemented
+)
+
+// Types sent in either direction within an operation.
+const (
+	MsgData MsgType = 0x30 // raw file bytes
+	MsgEOF  MsgType = 0x31 // empty: end of MsgData frames
+)
+
+// Reply and stream types sent by init.
+const (
+	MsgOK      MsgType = 0x40 // JSON result of the operation (may be empty)
+	MsgError   MsgType = 0x41 // Error
+	MsgStarted MsgType = 0x42 // Started
+	MsgStdout  MsgType = 0x43 // raw bytes of the process's stdout
+	MsgStderr  MsgType = 0x44 // raw bytes of the process's stderr
+	MsgExit    MsgType = 0x45 // ExitStatus
+)
+
+// HeaderSize is the size of a frame header.
+const HeaderSize = 5
+
+// MaxPayload bounds a frame's payload; ReadFrame rejects larger frames.
+const MaxPayload = 4 << 20
+
+// ChunkSize is the size of the data chunks init and the client send.
+const ChunkSize = 64 << 10
+
+// String names a message type for diagnostics.
+func (t MsgType) String() string {
+	if n, ok := msgNames[t]; ok {
+		return n
+	}
+	return fmt.Sprintf("msg(0x%02x)", uint8(t))
+}
+
+var msgNames = map[MsgType]string{
+	MsgPing: "ping", MsgExec: "exec", MsgAttach: "attach", MsgSignal: "signal", MsgKill: "kill",
+	MsgList: "list", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
+	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgRemove: "remove", MsgRename: "rename",
+	MsgAccess: "access", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
+	MsgData: "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",
+	MsgStdout: "stdout", MsgStderr: "stderr", MsgExit: "exit",
+}
+
+// AppendFrame appends the frame (t, payload) to dst and returns the result.
+func AppendFrame(dst []byte, t MsgType, payload []byte) []byte {
+	dst = append(dst, byte(t), 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(dst[len(dst)-4:], uint32(len(payload)))
+	return append(dst, payload...)
+}
+
+// WriteFrame writes one frame with a single Write call, so that frames
+// written by concurrent callers holding a common lock never interleave. It
+// fails when payload exceeds MaxPayload.
+func WriteFrame(w io.Writer, t MsgType, payload []byte) error {
+	if len(payload) > MaxPayload {
+		return fmt.Errorf("write %s frame: payload of %d bytes exceeds %d", t, len(payload), MaxPayload)
+	}
+	_, err := w.Write(AppendFrame(make([]byte, 0, HeaderSize+len(payload)), t, payload))
+	return err
+}
+
+// WriteJSON writes one frame whose payload is v encoded as JSON (an empty
+// payload when v is nil).
+func WriteJSON(w io.Writer, t MsgType, v any) error {
+	if v == nil {
+		return WriteFrame(w, t, nil)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s frame: %w", t, err)
+	}
+	return WriteFrame(w, t, b)
+}
+
+// ReadFrame reads one frame. The payload is read into buf when it fits
+// (buf is reused by the caller across calls) and into a new slice
+// otherwise; it is valid until the next call that passes the same buf. A
+// clean end of stream before a header returns io.EOF; a stream that ends
+// inside a frame returns io.ErrUnexpectedEOF.
+func ReadFrame(r io.Reader, buf []byte) (MsgType, []byte, error) {
+	var hdr [HeaderSize]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	t := MsgType(hdr[0])
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxPayload {
+		return 0, nil, fmt.Errorf("read %s frame: payload of %d bytes exceeds %d", t, n, MaxPayload)
+	}
+	if int(n) > cap(buf) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return t, buf, nil
+}
+
+// Decode unmarshals a JSON payload of a frame of type t into v, naming the
+// frame type in its error.
+func Decode(t MsgType, payload []byte, v any) error {
+	if err := json.Unmarshal(payload, v); err != nil {
+		return fmt.Errorf("decode %s frame: %w", t, err)
+	}
+	return nil
+}

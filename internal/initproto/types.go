@@ -1,0 +1,231 @@
+package initproto
+
+import (
+	"fmt"
+	"time"
+)
+
+// InitConfig is init's configuration, written by the daemon as JSON to
+// ControlDir/ConfigName before the jail starts.
+type InitConfig struct {
+	// JailID is the jail's id (for logs).
+	JailID string `json:"jail_id"`
+	// DefaultUser runs commands that name no user: a name from the jail's
+	// /etc/passwd or a numeric uid.
+	DefaultUser string `json:"default_user"`
+	// DefaultGroup overrides the default user's primary group (a name from
+	// the jail's /etc/group or a numeric gid); empty keeps the passwd entry's.
+	DefaultGroup string `json:"default_group,omitempty"`
+	// Workspace is the default working directory of commands.
+	Workspace string `json:"workspace"`
+	// Env is the base environment ("K=V") of every command. Init adds HOME,
+	// USER and LOGNAME for the target user; a request's Env overrides both.
+	Env []string `json:"env,omitempty"`
+	// BlockedPaths are jail paths the file operations refuse: a path is
+	// blocked when its fully resolved form equals one of them or is under one.
+	BlockedPaths []string `json:"blocked_paths,omitempty"`
+}
+
+// ExecRequest starts a command (MsgExec).
+type ExecRequest struct {
+	// Argv is the command line; Argv[0] is looked up in the PATH of the
+	// command's environment unless it contains a slash.
+	Argv []string `json:"argv"`
+	// Env entries ("K=V") override the base environment.
+	Env []string `json:"env,omitempty"`
+	// Cwd is an absolute jail path (default: InitConfig.Workspace).
+	Cwd string `json:"cwd,omitempty"`
+	// User is a name or numeric uid (default: InitConfig.DefaultUser);
+	// "root" is allowed.
+	User string `json:"user,omitempty"`
+	// TimeoutMs kills the command and all its descendants when it expires
+	// (0: no timeout).
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+	// Stdin is true when the client streams stdin with MsgStdin frames
+	// (ended by MsgStdinClose); false gives the command an empty stdin.
+	Stdin bool `json:"stdin,omitempty"`
+	// PTY requests a pseudo-terminal for the command. Reserved: init
+	// answers KindNotImplemented.
+	PTY *PTYOptions `json:"pty,omitempty"`
+}
+
+// PTYOptions are the terminal settings of a PTY session (reserved).
+type PTYOptions struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// ResizeRequest changes a PTY session's window size (reserved).
+type ResizeRequest struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// AttachRequest attaches a connection to a running process's output and
+// input (reserved).
+type AttachRequest struct {
+	Pid int `json:"pid"`
+}
+
+// Started is init's answer to an accepted ExecRequest.
+type Started struct {
+	// Pid is the command's pid inside the jail (0 when the executable could
+	// not be started; the exit status then says why).
+	Pid int `json:"pid"`
+}
+
+// ExitStatus is how a command ended.
+type ExitStatus struct {
+	// Code is the exit code, or 128+signal number when Signal is set.
+	Code int `json:"code"`
+	// Signal is the name of the signal that killed the command ("SIGKILL"),
+	// or empty.
+	Signal string `json:"signal,omitempty"`
+	// TimedOut is set when the command was killed by its timeout.
+	TimedOut bool `json:"timed_out,omitempty"`
+	// DurationNs is the time from start to exit.
+	DurationNs int64 `json:"duration_ns"`
+	// Pid is the command's pid inside the jail.
+	Pid int `json:"pid"`
+}
+
+// SignalRequest sends a signal to a running command (MsgSignal).
+type SignalRequest struct {
+	// Pid is the command's in-jail pid, as reported by Started.
+	Pid int `json:"pid"`
+	// Signal is a name ("SIGTERM" or "TERM") or a decimal number.
+	Signal string `json:"signal"`
+}
+
+// KillRequest kills a running command and all its descendants (MsgKill).
+type KillRequest struct {
+	Pid int `json:"pid"`
+}
+
+// ProcessInfo describes a running command (MsgList).
+type ProcessInfo struct {
+	Pid       int       `json:"pid"`
+	Argv      []string  `json:"argv"`
+	Cwd       string    `json:"cwd"`
+	User      string    `json:"user"`
+	StartedAt time.Time `json:"started_at"`
+	TimeoutMs int64     `json:"timeout_ms,omitempty"`
+}
+
+// PathRequest names one jail path (MsgStat, MsgReadDir, MsgReadFile).
+type PathRequest struct {
+	Path string `json:"path"`
+}
+
+// WriteOptions controls WriteFile and Mkdir.
+type WriteOptions struct {
+	// Mode is the permission bits of a created file or directory (default
+	// 0644 for files, 0755 for directories). When a write replaces an
+	// existing file, a zero Mode keeps the file's mode.
+	Mode uint32 `json:"mode,omitempty"`
+	// User owns created files and directories (default: the jail's default
+	// user). When a write replaces an existing file, an empty User keeps the
+	// file's owner.
+	User string `json:"user,omitempty"`
+	// MkdirParents creates missing parent directories (mkdir -p).
+	MkdirParents bool `json:"mkdir_parents,omitempty"`
+}
+
+// WriteRequest writes a file (MsgWriteFile).
+type WriteRequest struct {
+	Path string `json:"path"`
+	WriteOptions
+}
+
+// MkdirRequest creates a directory (MsgMkdir). With MkdirParents, an
+// existing directory at Path is not an error.
+type MkdirRequest struct {
+	Path string `json:"path"`
+	WriteOptions
+}
+
+// RemoveRequest removes a path (MsgRemove).
+type RemoveRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+}
+
+// RenameRequest renames a path (MsgRename); an existing file at To is
+// replaced.
+type RenameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// AccessRequest asks whether a user can read or write a path (MsgAccess).
+type AccessRequest struct {
+	Path  string `json:"path"`
+	Write bool   `json:"write,omitempty"`
+	// User is a name or numeric uid (default: the jail's default user).
+	User string `json:"user,omitempty"`
+}
+
+// AccessResult answers an AccessRequest.
+type AccessResult struct {
+	OK bool `json:"ok"`
+	// Reason says why access is denied (empty when OK).
+	Reason string `json:"reason,omitempty"`
+}
+
+// File types reported in FileInfo.Type.
+const (
+	TypeFile    = "file"
+	TypeDir     = "dir"
+	TypeSymlink = "symlink"
+	TypeOther   = "other"
+)
+
+// FileInfo describes a jail path with lstat semantics.
+type FileInfo struct {
+	// Name is the last element of Path.
+	Name string `json:"name"`
+	// Path is the jail path as requested (cleaned).
+	Path string `json:"path"`
+	// Type is TypeFile, TypeDir, TypeSymlink or TypeOther.
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	// Mode holds the permission bits including setuid, setgid and sticky
+	// (07777).
+	Mode       uint32    `json:"mode"`
+	ModTime    time.Time `json:"mtime"`
+	UID        int       `json:"uid"`
+	GID        int       `json:"gid"`
+	LinkTarget string    `json:"link_target,omitempty"`
+}
+
+// Error kinds carried by Error.Kind.
+const (
+	KindInvalid        = "invalid"         // malformed request: bad path, unknown user
+	KindUnprocessable  = "unprocessable"   // well-formed but not applicable: is a directory, bad cwd
+	KindNotFound       = "not_found"       // ENOENT, unknown pid
+	KindForbidden      = "forbidden"       // EACCES, EPERM, EROFS, peer rejected
+	KindBlocked        = "blocked"         // the path is blocked by the jail's policy
+	KindConflict       = "conflict"        // EEXIST
+	KindNoSpace        = "no_space"        // ENOSPC, EDQUOT
+	KindNotImplemented = "not_implemented" // reserved operation
+	KindInternal       = "internal"        // anything else
+)
+
+// Error is the payload of MsgError.
+type Error struct {
+	Kind string `json:"kind"`
+	// Errno is the errno name when the error came from a system call
+	// ("ENOENT"), else empty.
+	Errno string `json:"errno,omitempty"`
+	// Path is the jail path the error concerns, when there is one.
+	Path    string `json:"path,omitempty"`
+	Message string `json:"message"`
+}
+
+// Error returns the message.
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return fmt.Sprintf("init error (%s)", e.Kind)
+	}
+	return e.Message
+}

@@ -1,0 +1,495 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/observe"
+)
+
+// Mode is a jail's tracing mode.
+type Mode string
+
+// The tracing modes.
+const (
+	// ModeFull records syscalls, processes and the file events derived
+	// from the syscalls (the default).
+	ModeFull Mode = "full"
+	// ModeNoSyscalls records processes and file events; the syscalls the
+	// file tracker needs still cross the ring but are delivered flagged
+	// observe.FlagInternal.
+	ModeNoSyscalls Mode = "no-syscalls"
+	// ModeOff records nothing.
+	ModeOff Mode = "off"
+)
+
+// Options configure the observation of one jail.
+type Options struct {
+	// Mode is the tracing mode; "" means ModeFull.
+	Mode Mode
+	// Include, when not empty, restricts the syscall stream to these
+	// syscall names; Exclude removes names from it. Unknown names are
+	// rejected. Neither affects process or file events.
+	Include, Exclude []string
+	// Sink receives the jail's events; required unless Mode is ModeOff.
+	Sink observe.Sink
+}
+
+// Config tunes a Tracer; zero fields take the defaults.
+type Config struct {
+	// RingBytes is the size of the kernel ring buffer shared by every
+	// jail, a power of two of at least one page (default 32 MiB).
+	RingBytes int
+	// WakeBytes is how much unread data makes the kernel wake the reader
+	// (default RingBytes/16). Below it the reader finds records by polling.
+	WakeBytes int
+	// Poll is the reader's polling period, the longest a record waits
+	// before delivery when wake-ups are not due (default 10 ms).
+	Poll time.Duration
+}
+
+const (
+	wSyscalls = 1
+	wProc     = 2
+
+	// unwatchDrainLimit bounds how long Unwatch waits for the ring to drain.
+	unwatchDrainLimit = 2 * time.Second
+)
+
+// watchState is the user-space side of one watched cgroup.
+type watchState struct {
+	cgroup   uint64
+	jail     observe.JailKey
+	sink     observe.Sink
+	user     [observe.MaxSyscall]bool // syscalls in the jail's syscall stream
+	lostSeen uint64
+}
+
+// Tracer owns the loaded programs, their links and the ring reader. One
+// Tracer serves every jail; it is safe for concurrent use.
+type Tracer struct {
+	objs  observeObjects
+	links []link.Link
+	rd    *ringbuf.Reader
+	poll  time.Duration
+
+	// mu guards watches and the delivery state below; the reader holds
+	// it while it delivers, so after Unwatch returns the jail's sink is not
+	// called again.
+	mu      sync.Mutex
+	watches map[uint64]*watchState
+	last    *watchState
+	dec     decoder
+
+	unwatchMu sync.Mutex    // serialises drains
+	drained   chan struct{} // closed by the reader at the next flush point
+	monoOff   atomic.Int64  // unix ns minus CLOCK_MONOTONIC ns
+	done      chan struct{} // closed when the reader exits
+	closeOnce sync.Once
+	readErr   atomic.Pointer[error]
+}
+
+// Open loads the programs with the default Config and attaches them; see
+// OpenConfig.
+func Open() (*Tracer, error) { return OpenConfig(Config{}) }
+
+// OpenConfig loads the programs, attaches them to their tracepoints and
+// starts the ring reader. Nothing is traced until Watch. When the kernel
+// refuses a program or map the error wraps ErrNotSupported and names it. On
+// error nothing stays loaded.
+func OpenConfig(cfg Config) (*Tracer, error) {
+	if cfg.RingBytes == 0 {
+		cfg.RingBytes = 32 << 20
+	}
+	if cfg.RingBytes < os.Getpagesize() || cfg.RingBytes&(cfg.RingBytes-1) != 0 {
+		return nil, errdefs.Invalidf("observe: ring_bytes %d: must be a power of two of at least one page", cfg.RingBytes)
+	}
+	if cfg.WakeBytes <= 0 {
+		cfg.WakeBytes = cfg.RingBytes / 16
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 10 * time.Millisecond
+	}
+	if err := Probe(); err != nil {
+		return nil, err
+	}
+	spec, err := loadObserve()
+	if err != nil {
+		return nil, fmt.Errorf("observe: parse embedded programs: %w", err)
+	}
+	spec.Maps[observeMapEvents].MaxEntries = uint32(cfg.RingBytes)
+	if err := spec.Variables[observeVarWakeBytes].Set(uint64(cfg.WakeBytes)); err != nil {
+		return nil, fmt.Errorf("observe: set wake_bytes: %w", err)
+	}
+	var specs [512]uint32
+	for nr, s := range argSpecs {
+		specs[nr] = s
+	}
+	if err := spec.Variables[observeVarArgspec].Set(specs); err != nil {
+		return nil, fmt.Errorf("observe: set argspec: %w", err)
+	}
+
+	t := &Tracer{
+		poll:    cfg.Poll,
+		watches: make(map[uint64]*watchState),
+		done:    make(chan struct{}),
+		dec:     decoder{comms: make(map[[16]int8]string)},
+	}
+	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+		return nil, notSupported("load programs", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			t.release()
+		}
+	}()
+	for _, p := range []*ebpf.Program{t.objs.SysEnter, t.objs.SysExit, t.objs.SchedFork, t.objs.SchedExec, t.objs.SchedExit} {
+		l, err := link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceRawTp})
+		if err != nil {
+			return nil, notSupported("attach "+p.String(), err)
+		}
+		t.links = append(t.links, l)
+	}
+	t.rd, err = ringbuf.NewReader(t.objs.Events)
+	if err != nil {
+		return nil, notSupported("open ring buffer reader", err)
+	}
+	t.syncClock()
+	ok = true
+	go t.run()
+	return t, nil
+}
+
+func notSupported(what string, err error) error {
+	if errors.Is(err, unix.EPERM) || errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) ||
+		errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("%w: %s: %w", ErrNotSupported, what, err)
+	}
+	var verr *ebpf.VerifierError
+	if errors.As(err, &verr) {
+		return fmt.Errorf("%w: %s: verifier: %w", ErrNotSupported, what, err)
+	}
+	return fmt.Errorf("observe: %s: %w", what, err)
+}
+
+func (t *Tracer) release() {
+	if t.rd != nil {
+		t.rd.Close()
+	}
+	for i := len(t.links) - 1; i >= 0; i-- {
+		t.links[i].Close()
+	}
+	t.links = nil
+	t.objs.Close()
+}
+
+// Close stops the reader, detaches and unloads everything. Sinks are not
+// called after Close returns. Closing twice is a no-op.
+func (t *Tracer) Close() error {
+	var err error
+	t.closeOnce.Do(func() {
+		err = t.rd.Close() // interrupts the reader
+		<-t.done
+		for i := len(t.links) - 1; i >= 0; i-- {
+			err = errors.Join(err, t.links[i].Close())
+		}
+		err = errors.Join(err, t.objs.Close())
+		if err != nil {
+			err = fmt.Errorf("observe: close tracer: %w", err)
+		}
+	})
+	return err
+}
+
+// Watch starts observing the processes of the cgroup v2 directory whose id
+// is cgroupID (CgroupID returns it for a path), delivering the jail's events
+// to opts.Sink. Call it before the first process enters the cgroup so the
+// jail is seen from its first instruction. Processes in descendant cgroups
+// are not observed. Watching an id twice is a conflict; unknown syscall
+// names or modes are invalid.
+func (t *Tracer) Watch(cgroupID uint64, jail observe.JailKey, opts Options) error {
+	if cgroupID == 0 {
+		return errdefs.Invalidf("observe: cgroup id: must not be 0")
+	}
+	mode := opts.Mode
+	if mode == "" {
+		mode = ModeFull
+	}
+	if mode != ModeFull && mode != ModeNoSyscalls && mode != ModeOff {
+		return errdefs.Invalidf("observe: mode %q: want full, no-syscalls or off", opts.Mode)
+	}
+	if opts.Sink == nil && mode != ModeOff {
+		return errdefs.Invalidf("observe: sink: required for mode %s", mode)
+	}
+	st := &watchState{cgroup: cgroupID, jail: jail, sink: opts.Sink}
+	if len(opts.Include) == 0 {
+		for nr := range st.user {
+			st.user[nr] = true
+		}
+	}
+	for _, name := range opts.Include {
+		nr, ok := observe.SyscallNumber(name)
+		if !ok {
+			return errdefs.Invalidf("observe: include: unknown syscall %q", name)
+		}
+		st.user[nr] = true
+	}
+	for _, name := range opts.Exclude {
+		nr, ok := observe.SyscallNumber(name)
+		if !ok {
+			return errdefs.Invalidf("observe: exclude: unknown syscall %q", name)
+		}
+		st.user[nr] = false
+	}
+	var kw observeWatch
+	switch mode {
+	case ModeFull:
+		kw.Flags = wSyscalls | wProc
+		for nr, on := range st.user {
+			if on {
+				kw.Mask[nr>>6] |= 1 << (nr & 63)
+			}
+		}
+	case ModeNoSyscalls:
+		kw.Flags = wSyscalls | wProc
+		st.user = [observe.MaxSyscall]bool{}
+	}
+	if kw.Flags != 0 {
+		for _, nr := range observe.FileSyscalls() {
+			kw.Mask[nr>>6] |= 1 << (nr & 63)
+		}
+	}
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.watches[cgroupID]; ok {
+		return errdefs.Conflictf("observe: cgroup %d: already watched for jail %s", cgroupID, old.jail)
+	}
+	if kw.Flags != 0 {
+		if err := t.objs.Watched.Update(cgroupID, &kw, ebpf.UpdateNoExist); err != nil {
+			return fmt.Errorf("observe: watch cgroup %d: %w", cgroupID, err)
+		}
+	}
+	t.watches[cgroupID] = st
+	return nil
+}
+
+// Unwatch stops observing cgroupID: the kernel stops recording it, the
+// records already in the ring are delivered, a final lost event is sent if
+// records were dropped since the last one, and the sink is not called again
+// once Unwatch returns. Unwatching an id that is not watched is a no-op.
+func (t *Tracer) Unwatch(cgroupID uint64) error {
+	t.unwatchMu.Lock()
+	defer t.unwatchMu.Unlock()
+
+	t.mu.Lock()
+	st, ok := t.watches[cgroupID]
+	if !ok {
+		t.mu.Unlock()
+		return nil
+	}
+	var kw observeWatch
+	kernel := t.objs.Watched.Lookup(cgroupID, &kw) == nil
+	if kernel {
+		if err := t.objs.Watched.Delete(cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.mu.Unlock()
+			return fmt.Errorf("observe: unwatch cgroup %d: %w", cgroupID, err)
+		}
+	}
+	drained := make(chan struct{})
+	t.drained = drained
+	t.mu.Unlock()
+
+	// Wait for the reader to pass everything produced so far. The reader
+	// notices the flush when the ring runs empty; under a flood from other
+	// jails that may not happen, hence the bound (records of this cgroup
+	// left in the ring are then discarded).
+	if err := t.rd.Flush(); err == nil {
+		timer := time.NewTimer(unwatchDrainLimit)
+		select {
+		case <-drained:
+		case <-t.done:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.drained = nil
+	if kernel && kw.Lost > st.lostSeen && st.sink != nil {
+		t.deliverLost(st, kw.Lost)
+	}
+	delete(t.watches, cgroupID)
+	if t.last == st {
+		t.last = nil
+	}
+	return nil
+}
+
+// Lost returns how many of cgroupID's records the kernel dropped because
+// the ring was full. An id that is not watched is ErrNotFound.
+func (t *Tracer) Lost(cgroupID uint64) (uint64, error) {
+	t.mu.Lock()
+	_, ok := t.watches[cgroupID]
+	t.mu.Unlock()
+	if !ok {
+		return 0, errdefs.NotFoundf("observe: cgroup %d: not watched", cgroupID)
+	}
+	var kw observeWatch
+	if err := t.objs.Watched.Lookup(cgroupID, &kw); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) { // mode off
+			return 0, nil
+		}
+		return 0, fmt.Errorf("observe: read lost counter of cgroup %d: %w", cgroupID, err)
+	}
+	return kw.Lost, nil
+}
+
+// Err returns the error that stopped the reader, or nil while it runs (or
+// after a clean Close).
+func (t *Tracer) Err() error {
+	if p := t.readErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// syncClock records the offset between CLOCK_MONOTONIC (the records'
+// timestamps) and the wall clock.
+func (t *Tracer) syncClock() {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return
+	}
+	t.monoOff.Store(time.Now().UnixNano() - ts.Nano())
+}
+
+// run is the reader goroutine.
+func (t *Tracer) run() {
+	defer close(t.done)
+	var rec ringbuf.Record
+	rec.RawSample = make([]byte, 0, 16<<10)
+	locked := false
+	unlock := func() {
+		if locked {
+			t.mu.Unlock()
+			locked = false
+		}
+	}
+	defer unlock()
+	lastIdle := time.Now()
+	t.rd.SetDeadline(lastIdle.Add(t.poll))
+	batch := 0
+	for {
+		if locked && t.rd.AvailableBytes() == 0 {
+			unlock() // ReadInto may block: let Watch and Unwatch in
+		}
+		err := t.rd.ReadInto(&rec)
+		switch {
+		case err == nil:
+			if !locked {
+				t.mu.Lock()
+				locked = true
+			}
+			t.dispatch(rec.RawSample)
+			if batch++; batch >= 4096 {
+				batch = 0
+				unlock()
+				if now := time.Now(); now.Sub(lastIdle) >= t.poll {
+					t.idle()
+					lastIdle = now
+					t.rd.SetDeadline(now.Add(t.poll))
+				}
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			unlock()
+			t.idle()
+			lastIdle = time.Now()
+			t.rd.SetDeadline(lastIdle.Add(t.poll))
+		case errors.Is(err, ringbuf.ErrFlushed):
+			unlock()
+			t.mu.Lock()
+			if t.drained != nil {
+				close(t.drained)
+				t.drained = nil
+			}
+			t.mu.Unlock()
+		case errors.Is(err, os.ErrClosed) || errors.Is(err, ringbuf.ErrClosed):
+			return
+		default:
+			err = fmt.Errorf("observe: read ring buffer: %w", err)
+			t.readErr.Store(&err)
+			return
+		}
+	}
+}
+
+// idle polls the lost counters, resynchronises the clock and lets every
+// sink flush.
+func (t *Tracer) idle() {
+	t.syncClock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var kw observeWatch
+	for cg, st := range t.watches {
+		if st.sink == nil {
+			continue
+		}
+		if t.objs.Watched.Lookup(cg, &kw) == nil && kw.Lost > st.lostSeen {
+			t.deliverLost(st, kw.Lost)
+		}
+		st.sink.Idle()
+	}
+}
+
+// deliverLost sends st's sink a lost event for the drops since the last
+// one; the caller holds t.mu.
+func (t *Tracer) deliverLost(st *watchState, total uint64) {
+	ev := observe.Event{Type: observe.TypeLost, TS: time.Now().UnixNano(), Source: observe.LostKernel, Lost: total - st.lostSeen}
+	st.lostSeen = total
+	st.sink.Handle(&ev)
+}
+
+// dispatch decodes one record and hands it to its jail's sink; the caller
+// holds t.mu.
+func (t *Tracer) dispatch(raw []byte) {
+	if len(raw) < hdrSize {
+		return
+	}
+	cg := cgroupOf(raw)
+	st := t.last
+	if st == nil || st.cgroup != cg {
+		st = t.watches[cg]
+		if st == nil || st.sink == nil {
+			return // unwatched while the record was in the ring
+		}
+		t.last = st
+	}
+	ev := &t.dec.ev
+	if !t.dec.decode(raw, t.monoOff.Load(), st) {
+		return
+	}
+	st.sink.Handle(ev)
+}
+
+// CgroupID returns the id of the cgroup v2 directory at path (its inode
+// number), the key Watch takes.
+func CgroupID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("observe: stat cgroup %s: %w", path, err)
+	}
+	return st.Ino, nil
+}

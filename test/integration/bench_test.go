@@ -1,0 +1,367 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The benchmarks report medians with b.ReportMetric; `make bench` prints
+// them as a table (scripts/benchtable.sh). Metric units:
+//
+//	ms            agentjail's median, in milliseconds
+//	ref-ms        the reference's median (raw runc), in milliseconds
+//	x-ref         agentjail's median over the reference's
+//	target-ms     the target for agentjail's median
+//	*-MiB         memory, in MiB (target-MiB: its target)
+
+// median returns the median of samples.
+func median(samples []time.Duration) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// reportVsRef reports agentjail's and the reference's medians and their ratio.
+func reportVsRef(b *testing.B, ours, ref []time.Duration, target time.Duration) {
+	mo, mr := median(ours), median(ref)
+	b.ReportMetric(ms(mo), "ms")
+	b.ReportMetric(ms(mr), "ref-ms")
+	if mr > 0 {
+		b.ReportMetric(float64(mo)/float64(mr), "x-ref")
+	}
+	b.ReportMetric(ms(target), "target-ms")
+}
+
+// refBundle is an OCI bundle equivalent to a jail for raw runc: a read-only
+// root with the host's /usr, the same namespaces, its own cgroup.
+type refBundle struct {
+	dir   string // the bundle
+	state string // runc --root
+}
+
+// newRefBundle makes a bundle whose process runs argv.
+func newRefBundle(b *testing.B, argv []string) *refBundle {
+	b.Helper()
+	dir := b.TempDir()
+	rb := &refBundle{dir: dir, state: filepath.Join(dir, "state")}
+	root := filepath.Join(dir, "rootfs")
+	for _, d := range []string{"usr", "proc", "dev", "sys", "tmp", "etc", "workspace"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		if target, err := os.Readlink("/" + l); err == nil {
+			if err := os.Symlink(target, filepath.Join(root, l)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if out, err := exec.Command("runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
+		b.Fatalf("runc spec: %v\n%s", err, out)
+	}
+	var spec map[string]any
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &spec); err != nil {
+		b.Fatal(err)
+	}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = argv
+	proc["cwd"] = "/workspace"
+	spec["root"] = map[string]any{"path": "rootfs", "readonly": true}
+	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{
+		"destination": "/usr", "type": "bind", "source": "/usr", "options": []string{"rbind", "ro", "nosuid", "nodev"},
+	})
+	spec["linux"].(map[string]any)["cgroupsPath"] = "/agentjail-bench/" + filepath.Base(dir)
+	out, err := json.Marshal(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), out, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		// runc removes each container's cgroup, not their common parent.
+		parents, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "agentjail-bench"))
+		for _, p := range parents {
+			os.Remove(p)
+		}
+	})
+	return rb
+}
+
+// run runs the bundle to completion with `runc run` and returns its stdout.
+func (rb *refBundle) run(b *testing.B, id string) string {
+	b.Helper()
+	cmd := exec.Command("runc", "--root", rb.state, "run", "--bundle", rb.dir, id)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("runc run: %v\n%s", err, stderr.String())
+	}
+	return stdout.String()
+}
+
+// BenchmarkCreateToFirstExec times POST /jails (started) until `echo hi`
+// has run in the new jail, against `runc run` of an equivalent bundle.
+func BenchmarkCreateToFirstExec(b *testing.B) {
+	d := shared(b)
+	rb := newRefBundle(b, []string{"echo", "hi"})
+	var ours, ref []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		var j jailInfo
+		d.api.want(b, http.StatusCreated, "POST", "/jails", map[string]any{"name": uniqueName(b)}, &j)
+		res := d.exec(b, j.ID, execReq{Cmd: []string{"echo", "hi"}})
+		ours = append(ours, time.Since(start))
+		if res.Stdout != "hi\n" {
+			b.Fatalf("exec: %s", &res)
+		}
+		start = time.Now()
+		out := rb.run(b, fmt.Sprintf("ref-%d-%d", os.Getpid(), i))
+		ref = append(ref, time.Since(start))
+		if out != "hi\n" {
+			b.Fatalf("runc run printed %q", out)
+		}
+		// Destroying is not part of the measure, but keeps the host at
+		// the same load for every iteration.
+		b.StopTimer()
+		d.destroy(b, j.ID)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportVsRef(b, ours, ref, 50*time.Millisecond)
+}
+
+// runcContainer returns the runc container id of jail id in the daemon's
+// runc state root.
+func runcContainer(b *testing.B, d *daemon, id string) (state, container string) {
+	b.Helper()
+	state = filepath.Join(d.dir, "run", "runc")
+	out, err := exec.Command("runc", "--root", state, "list", "-q").Output()
+	if err != nil {
+		b.Fatalf("runc list: %v", err)
+	}
+	for _, c := range strings.Fields(string(out)) {
+		if strings.Contains(c, id) {
+			return state, c
+		}
+	}
+	b.Fatalf("no runc container for jail %s in %s: %q", id, state, out)
+	return "", ""
+}
+
+// BenchmarkExecTrue times an exec round trip of `true` through the API,
+// against `runc exec` in the same jail's container.
+func BenchmarkExecTrue(b *testing.B) {
+	d := shared(b)
+	j := d.createJail(b, nil)
+	state, ctr := runcContainer(b, d, j.ID)
+	var ours, ref []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		res := d.exec(b, j.ID, execReq{Cmd: []string{"true"}})
+		ours = append(ours, time.Since(start))
+		if res.ExitCode != 0 {
+			b.Fatalf("exec true: %s", &res)
+		}
+		start = time.Now()
+		if out, err := exec.Command("runc", "--root", state, "exec", ctr, "true").CombinedOutput(); err != nil {
+			b.Fatalf("runc exec: %v\n%s", err, out)
+		}
+		ref = append(ref, time.Since(start))
+	}
+	b.StopTimer()
+	reportVsRef(b, ours, ref, 3*time.Millisecond)
+}
+
+// statusKiB reads a "Name:  N kB" field of /proc/<pid>/status.
+func statusKiB(pid int, field string) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				return strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+const mib = 1 << 20
+
+// idleJails creates n started jails concurrently on d and returns them
+// with the time it took; they are destroyed when the benchmark ends.
+func idleJails(b *testing.B, d *daemon, n int) ([]jailInfo, time.Duration) {
+	b.Helper()
+	jails := make([]jailInfo, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := d.api.send("POST", "/jails", map[string]any{"name": fmt.Sprintf("%s-%d", uniqueName(b), i)})
+			switch {
+			case err != nil:
+				errs[i] = err
+			case r.status != http.StatusCreated:
+				errs[i] = fmt.Errorf("POST /jails: %s", r)
+			default:
+				errs[i] = json.Unmarshal(r.body, &jails[i])
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	b.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, j := range jails {
+			if j.ID != "" {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					d.destroy(b, j.ID)
+				}()
+			}
+		}
+		wg.Wait()
+	})
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			failed++
+			if failed <= 5 {
+				b.Errorf("jail %d: %v", i, err)
+			}
+		}
+	}
+	if failed > 0 {
+		b.Fatalf("%d of %d concurrent creates failed", failed, n)
+	}
+	return jails, took
+}
+
+// memOnce caches the idle-memory measure: it does not depend on b.N.
+var memOnce = struct {
+	sync.Once
+	initRSS, cgroup, daemonPer float64
+	err                        error
+}{}
+
+// BenchmarkIdleJailMemory measures an idle jail's memory: init's RSS, the
+// jail cgroup's usage, and the daemon's RSS growth per jail (10 jails).
+func BenchmarkIdleJailMemory(b *testing.B) {
+	requireEnv(b)
+	memOnce.Do(func() {
+		memOnce.err = fmt.Errorf("the first run failed")
+		d := newDaemon(b)
+		const n = 10
+		// A first jail warms the daemon's caches (templates, pools).
+		idleJails(b, d, 1)
+		before, err := statusKiB(d.pid, "VmRSS")
+		if err != nil {
+			memOnce.err = err
+			return
+		}
+		jails, _ := idleJails(b, d, n)
+		var initKiB, cgBytes int64
+		for _, j := range jails {
+			k, err := statusKiB(j.Pid, "VmRSS")
+			if err != nil {
+				memOnce.err = err
+				return
+			}
+			initKiB += k
+			raw, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", "agentjail", j.ID, "memory.usage_in_bytes"))
+			if err != nil {
+				memOnce.err = err
+				return
+			}
+			v, _ := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+			cgBytes += v
+		}
+		after, err := statusKiB(d.pid, "VmRSS")
+		if err != nil {
+			memOnce.err = err
+			return
+		}
+		memOnce.initRSS = float64(initKiB) / 1024 / n
+		memOnce.cgroup = float64(cgBytes) / mib / n
+		memOnce.daemonPer = float64(after-before) / 1024 / n
+		memOnce.err = nil
+	})
+	if memOnce.err != nil {
+		b.Fatal(memOnce.err)
+	}
+	b.ReportMetric(memOnce.initRSS, "init-rss-MiB")
+	b.ReportMetric(memOnce.cgroup, "cgroup-MiB")
+	b.ReportMetric(memOnce.daemonPer, "daemon-per-jail-MiB")
+	b.ReportMetric(memOnce.initRSS+memOnce.daemonPer, "total-MiB")
+	b.ReportMetric(8, "target-MiB")
+}
+
+// concOnce caches the 100-jail measure: one round is the measure.
+var concOnce = struct {
+	sync.Once
+	took      time.Duration
+	daemonRSS float64
+	err       error
+}{}
+
+// BenchmarkCreate100Concurrent creates 100 started jails at once: all must
+// succeed; it reports the total time and the daemon's RSS afterwards.
+func BenchmarkCreate100Concurrent(b *testing.B) {
+	requireEnv(b)
+	concOnce.Do(func() {
+		concOnce.err = fmt.Errorf("the first run failed")
+		d := newDaemon(b)
+		jails, took := idleJails(b, d, 100)
+		for _, j := range jails {
+			if j.Status != "running" {
+				b.Fatalf("jail %s: %s", j.ID, j.Status)
+			}
+		}
+		rss, err := statusKiB(d.pid, "VmRSS")
+		if err != nil {
+			b.Fatal(err)
+		}
+		concOnce.took, concOnce.daemonRSS, concOnce.err = took, float64(rss)/1024, nil
+	})
+	if concOnce.err != nil {
+		b.Fatal(concOnce.err)
+	}
+	b.ReportMetric(ms(concOnce.took), "total-ms")
+	b.ReportMetric(ms(concOnce.took)/100, "ms/jail")
+	b.ReportMetric(concOnce.daemonRSS, "daemon-rss-MiB")
+}

@@ -1,0 +1,89 @@
+package integration
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestRecovery SIGKILLs the daemon while jails run, restarts it on the
+// same data dir, and checks that running jails are re-adopted with their
+// processes, stopped and created ones stay so, and a jail whose init died
+// meanwhile is not reported running.
+func TestRecovery(t *testing.T) {
+	d := newDaemon(t)
+	running := d.createJail(t, nil)
+	d.putFile(t, running.ID, "/workspace/state", []byte("before the crash"))
+	sleepPid := strings.TrimSpace(d.mustSh(t, running.ID, "nohup sleep 3000 >/dev/null 2>&1 & echo $!"))
+	if _, err := strconv.Atoi(sleepPid); err != nil {
+		t.Fatalf("the background sleep's pid: %q", sleepPid)
+	}
+	stopped := d.createJail(t, nil)
+	d.api.want(t, http.StatusOK, "POST", "/jails/"+stopped.ID+"/stop", map[string]any{"timeout_s": 0}, nil)
+	created := d.createJail(t, map[string]any{"start": false})
+	doomed := d.createJail(t, nil)
+
+	d.kill()
+	// The jails outlive the daemon.
+	if err := syscall.Kill(running.Pid, 0); err != nil {
+		t.Fatalf("the running jail's init (pid %d) died with the daemon: %v", running.Pid, err)
+	}
+	// One jail dies while the daemon is down.
+	if doomed.Pid == 0 {
+		t.Fatalf("a running jail without a pid: %+v", doomed)
+	}
+	if err := syscall.Kill(doomed.Pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the doomed jail's init: %v", err)
+	}
+
+	if err := d.restart(); err != nil {
+		t.Fatalf("restarting the daemon: %v", err)
+	}
+	want := map[string]string{running.ID: "running", stopped.ID: "stopped", created.ID: "created"}
+	for id, status := range want {
+		if got := d.getJail(t, id); got.Status != status {
+			t.Errorf("jail %s after the restart: %s (%s), want %s", id, got.Status, got.Error, status)
+		}
+	}
+	if got := d.getJail(t, running.ID); got.Pid != running.Pid {
+		t.Errorf("the re-adopted jail's pid: %d, want %d", got.Pid, running.Pid)
+	}
+	if got := d.getJail(t, doomed.ID); got.Status == "running" {
+		t.Errorf("a jail whose init died while the daemon was down is reported running")
+	}
+
+	// The re-adopted jail serves exec, with its state and processes.
+	out := d.mustSh(t, running.ID, "cat /workspace/state; echo; kill -0 "+sleepPid+" && echo alive")
+	if out != "before the crash\nalive\n" {
+		t.Errorf("the re-adopted jail: %q", out)
+	}
+	res := d.exec(t, running.ID, execReq{Cmd: []string{"sh", "-c", "echo streamed"}})
+	if res.Stdout != "streamed\n" {
+		t.Errorf("exec after the restart: %s", &res)
+	}
+	if r := d.api.do(t, "POST", "/jails/"+stopped.ID+"/exec", execReq{Cmd: []string{"true"}}); r.status != http.StatusConflict {
+		t.Errorf("exec in the stopped jail after the restart: want 409, got %s", r)
+	}
+	// Stopped and failed jails start again.
+	for _, id := range []string{stopped.ID, created.ID, doomed.ID} {
+		d.api.want(t, http.StatusOK, "POST", "/jails/"+id+"/start", nil, nil)
+		if out := d.mustSh(t, id, "echo up"); out != "up\n" {
+			t.Errorf("jail %s after a start: %q", id, out)
+		}
+	}
+	// A graceful restart keeps running jails too.
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.restart(); err != nil {
+		t.Fatalf("restarting after SIGTERM: %v", err)
+	}
+	if got := d.getJail(t, running.ID); got.Status != "running" {
+		t.Errorf("after a graceful restart: %s", got.Status)
+	}
+	if out := d.mustSh(t, running.ID, "kill -0 "+sleepPid+" && echo alive"); out != "alive\n" {
+		t.Errorf("the background process after a graceful restart: %q", out)
+	}
+}
