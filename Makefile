@@ -15,7 +15,8 @@ export CGO_ENABLED := 0
 BIN        := bin/agentjail
 GO         ?= go
 BENCHTIME  ?= 20x
-GOFILES     = $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)
+# The Go files to check: git's view (tracked and new, not ignored), else all.
+GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
 .PHONY: all setup build run test fmt-check vet lint bench clean
 

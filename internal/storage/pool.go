@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -38,10 +40,12 @@ const (
 	xfsSupportedMin = 300 << 20
 	// diskMountFlags and diskMountData are the mount options of a jail
 	// disk. Every disk is a copy of a template, so all share one XFS UUID:
-	// nouuid lets them be mounted side by side. discard returns the space
-	// of deleted files to the pool.
+	// nouuid lets them be mounted side by side. Online discard is left off
+	// (it doubles the mount time); UnmountDisk trims instead.
 	diskMountFlags = unix.MS_NOSUID | unix.MS_NODEV
-	diskMountData  = "nouuid,discard"
+	diskMountData  = "nouuid"
+	// ioctlFITRIM is FITRIM, _IOWR('X', 121, struct fstrim_range).
+	ioctlFITRIM = 0xc0185879
 )
 
 // Pool is an open storage pool. Its methods are safe for concurrent use.
@@ -624,10 +628,16 @@ func (p *Pool) MountDisk(id, mountpoint string) error {
 	return nil
 }
 
-// UnmountDisk unmounts the disk mounted at mountpoint; its loop device is
+// UnmountDisk unmounts the disk mounted at mountpoint, first returning the
+// space of its deleted files to the pool (a trim). Its loop device is
 // released with the mount (at once, or when its last user goes away if it
 // was busy and had to be detached lazily). Idempotent.
 func UnmountDisk(mountpoint string) error {
+	if mounted, err := IsMounted(mountpoint); err == nil && mounted {
+		if err := trim(mountpoint); err != nil {
+			slog.Warn("storage: cannot trim a disk", "path", mountpoint, "err", err)
+		}
+	}
 	if err := Unmount(mountpoint); err != nil {
 		return fmt.Errorf("unmount disk: %w", err)
 	}
@@ -650,6 +660,21 @@ func (p *Pool) RemoveDisk(id string) error {
 	}
 	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("disk %s: %w", id, err)
+	}
+	return nil
+}
+
+// trim discards the free space of the filesystem mounted at mountpoint, which
+// punches it out of the disk's image in the pool.
+func trim(mountpoint string) error {
+	fd, err := unix.Open(mountpoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("trim %s: %w", mountpoint, err)
+	}
+	defer unix.Close(fd)
+	r := struct{ start, len, minLen uint64 }{len: math.MaxUint64}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctlFITRIM, uintptr(unsafe.Pointer(&r))); errno != 0 {
+		return fmt.Errorf("trim %s: %w", mountpoint, errno)
 	}
 	return nil
 }

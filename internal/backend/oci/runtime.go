@@ -50,6 +50,8 @@ const (
 	// cleanupTimeout bounds the kill and delete of a container whose
 	// creation or start failed.
 	cleanupTimeout = 30 * time.Second
+	// existsWait bounds the wait for a failed create's stderr to end.
+	existsWait = 2 * time.Second
 	// maxReadyLine is the longest first line init may write; more is an
 	// unexpected answer.
 	maxReadyLine = 256
@@ -83,6 +85,8 @@ type containerIO struct {
 	stderr     *tailBuffer
 	// stderrDone is closed once stderr reached EOF (every writer is gone).
 	stderrDone chan struct{}
+	// started is set (under Runtime.mu) by the first Start.
+	started bool
 }
 
 // NewRuntime returns a Runtime for binary ("runc", or a path; runsc later)
@@ -101,16 +105,12 @@ func NewRuntime(binary, root string) *Runtime {
 // first. The container's stdin, stdout and stderr are pipes; the Runtime
 // keeps the stdout and stderr read ends for Start (stdin reads EOF). It
 // returns the container process's host pid. An id that already exists is
-// errdefs.ErrConflict. On any error nothing is left behind: the container
-// is deleted and the pipes closed; the error carries the runtime's stderr.
+// errdefs.ErrConflict (and that container is left alone). On any other
+// error, including ctx ending, nothing is left behind: the container is
+// deleted and the pipes closed; the error carries the runtime's stderr.
 func (r *Runtime) Create(ctx context.Context, id, bundle string) (pid int, err error) {
 	if id == "" {
 		return 0, errdefs.Invalidf("create: container id is required")
-	}
-	if _, _, err := r.State(ctx, id); err == nil {
-		return 0, errdefs.Conflictf("create %s: container already exists", id)
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return 0, err
 	}
 	pipes, err := runc.NewPipeIO(0, 0)
 	if err != nil {
@@ -137,6 +137,12 @@ func (r *Runtime) Create(ctx context.Context, id, bundle string) (pid int, err e
 	// where runc never started.
 	_ = pipes.(runc.StartCloser).CloseAfterStart()
 	_ = pipes.Stdin().Close()
+	if err != nil && cio.exists() {
+		// runc refused the id before making anything: the container that
+		// holds it is not this call's to delete.
+		cio.close()
+		return 0, errdefs.Conflictf("create %s: container already exists", id)
+	}
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -157,13 +163,21 @@ func (r *Runtime) Create(ctx context.Context, id, bundle string) (pid int, err e
 // its init has written the line ReadyLine on its stdout. If init exits or
 // writes anything else first, or ctx ends, Start kills and deletes the
 // container and returns an error carrying init's stderr (wrapping
-// errdefs.ErrTimeout when ctx ended). An id this Runtime did not create is
-// errdefs.ErrNotFound when the runtime does not know it either, else
-// errdefs.ErrConflict.
+// errdefs.ErrTimeout when ctx ended). Starting a container twice is
+// errdefs.ErrConflict and leaves it alone. An id this Runtime did not
+// create is errdefs.ErrNotFound when the runtime does not know it either,
+// else errdefs.ErrConflict.
 func (r *Runtime) Start(ctx context.Context, id string) error {
 	r.mu.Lock()
 	cio := r.stdio[id]
+	started := cio != nil && cio.started
+	if cio != nil {
+		cio.started = true
+	}
 	r.mu.Unlock()
+	if started {
+		return errdefs.Conflictf("start %s: the container was already started", id)
+	}
 	if cio == nil {
 		if _, _, err := r.State(ctx, id); err != nil {
 			return err
@@ -173,7 +187,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err := r.rc.Start(ctx, id); err != nil {
 		r.forget(id)
 		text := r.discard(id, cio)
-		return fmt.Errorf("start container %s: %w%s", id, runcError("start", id, err), detail(text))
+		return fmt.Errorf("%w%s", runcError("start", id, err), detail(text))
 	}
 	line, err := cio.waitReady(ctx)
 	if err == nil && line == ReadyLine {
@@ -312,6 +326,17 @@ func newContainerIO(pipes runc.IO) (*containerIO, error) {
 		_, _ = io.Copy(cio.stderr, errf)
 	}()
 	return cio, nil
+}
+
+// exists reports whether the runtime's stderr says the id was taken. It is
+// called after a failed create: the runtime has exited, so stderr ends at
+// once unless a half-made container holds it, hence the bound.
+func (c *containerIO) exists() bool {
+	select {
+	case <-c.stderrDone:
+	case <-time.After(existsWait):
+	}
+	return strings.Contains(c.stderr.String(), "already exists")
 }
 
 // waitReady reads init's first stdout line (without its newline). It

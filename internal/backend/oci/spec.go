@@ -18,9 +18,11 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -37,7 +39,9 @@ const (
 	controlRoot = "/.agentjail"
 )
 
-// DefaultPath is the only environment variable of the jail's init.
+// DefaultPath is the only environment variable the spec gives the jail's
+// init (runc adds HOME, read from the rootfs's /etc/passwd, when it is
+// missing).
 const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // OOMScoreAdj is the oom_score_adj of every jail process: positive, so that
@@ -101,7 +105,7 @@ type SpecOptions struct {
 // errdefs.ErrUnprocessable, naming the config field, when the config asks
 // for something this host or level cannot give (swap without swap
 // accounting, a mount over a kernel or control path, a user namespace
-// without an id range).
+// without an id range, a capability the daemon itself lacks).
 func Spec(o SpecOptions) (*specs.Spec, error) {
 	if err := o.check(); err != nil {
 		return nil, err
@@ -132,6 +136,9 @@ func Spec(o SpecOptions) (*specs.Spec, error) {
 	}
 
 	caps := proc.EffectiveCapabilities()
+	if err := heldCapabilities(caps); err != nil {
+		return nil, err
+	}
 	oom := OOMScoreAdj
 	s := &specs.Spec{
 		Version: specs.Version,
@@ -188,6 +195,24 @@ var readonlyPaths = []string{
 // would undo the masks, the read-only kernel paths or the control binds.
 var reservedTargets = []string{"/proc", "/sys", "/dev", controlRoot}
 
+// heldCapabilities checks that the daemon's bounding set holds every
+// capability of caps: the runtime cannot grant one it lacks (root on some
+// hosts lacks CAP_SYS_RESOURCE) and would fail at create.
+func heldCapabilities(caps []string) error {
+	for _, c := range caps {
+		n := slices.Index(config.AllCapabilities, c)
+		held, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(n), 0, 0, 0)
+		if err != nil {
+			// A capability newer than the kernel: the kernel does not know it.
+			return errdefs.Unprocessablef("isolation.process.capabilities: %s is not supported by this host's kernel", c)
+		}
+		if held != 1 {
+			return errdefs.Unprocessablef("isolation.process.capabilities: %s is not held by the daemon, so it cannot be granted to a jail", c)
+		}
+	}
+	return nil
+}
+
 func userns(c *config.Config) bool {
 	ns := c.Isolation.Process.Namespaces
 	return ns != nil && ns.User != nil && *ns.User
@@ -240,13 +265,20 @@ func (o *SpecOptions) namespaces() []specs.LinuxNamespace {
 }
 
 func (o *SpecOptions) mounts() ([]specs.Mount, error) {
+	sysfs := specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}}
+	if userns(o.Config) {
+		// Mounting sysfs needs CAP_SYS_ADMIN over the network namespace's
+		// owner, the host's user namespace for a daemon-made netns: bind
+		// the host's /sys instead, recursively read-only.
+		sysfs = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "rro", "nosuid", "noexec", "nodev", "ro"}}
+	}
 	ms := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		sysfs,
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 	}
 	for _, m := range o.Mounts {

@@ -186,9 +186,11 @@ static __always_inline u16 read_sockaddr(char *dst, struct pending *p, u32 spec,
 	}
 	if (len > SOCKADDR_MAX)
 		len = SOCKADDR_MAX;
+	barrier_var(len);
+	len &= SOCKADDR_MAX * 2 - 1;
 	if (len == 0)
 		return 0;
-	if (bpf_probe_read_user(dst, len & (SOCKADDR_MAX * 2 - 1), (const void *)addr))
+	if (bpf_probe_read_user(dst, len, (const void *)addr))
 		return 0;
 	return (u16)len;
 }
@@ -340,48 +342,95 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
-/* cwd_of writes the components of t's working directory into buf, leaf
- * first, each NUL-terminated, stopping at t's root; returns the bytes used
- * (CWD_MAX when truncated). */
-static __always_inline u16 cwd_of(struct task_struct *t, char *buf)
+/* Scratch space of the working-directory walk (one per CPU). */
+struct cwd_buf {
+	char b[CWD_MAX + NAME_BUF];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cwd_buf);
+} cwd_scratch SEC(".maps");
+
+struct cwd_walk {
+	struct dentry *d;
+	struct vfsmount *mnt;
+	struct dentry *root;
+	struct vfsmount *rootmnt;
+	u64 mnt_off;
+	u32 off;
+	u32 truncated;
+};
+
+/* One step of the walk from the working directory up to the task's root:
+ * appends the current component (NUL-terminated) or crosses a mount. */
+static long cwd_step(u32 i, struct cwd_walk *w)
+{
+	u32 zero = 0;
+	struct cwd_buf *buf = bpf_map_lookup_elem(&cwd_scratch, &zero);
+	/* Copies of the walk's pointers: BPF_CORE_READ must not see w itself,
+	 * which is not a kernel type. */
+	struct dentry *d = w->d;
+	struct vfsmount *mnt = w->mnt;
+	struct dentry *parent;
+	long n;
+
+	if (!buf)
+		return 1;
+	if (d == w->root && mnt == w->rootmnt)
+		return 1;
+	if (d == BPF_CORE_READ(mnt, mnt_root)) {
+		struct mount *m = (struct mount *)((u64)mnt - w->mnt_off);
+		struct mount *pm = BPF_CORE_READ(m, mnt_parent);
+
+		if (pm == m)
+			return 1;
+		w->d = BPF_CORE_READ(m, mnt_mountpoint);
+		w->mnt = (struct vfsmount *)((u64)pm + w->mnt_off);
+		return 0;
+	}
+	parent = BPF_CORE_READ(d, d_parent);
+	if (parent == d)
+		return 1;
+	n = bpf_probe_read_kernel_str(buf->b + (w->off & (CWD_MAX - 1)), NAME_BUF,
+				      BPF_CORE_READ(d, d_name.name));
+	if (n <= 0)
+		return 1;
+	w->off += n;
+	if (w->off >= CWD_MAX) {
+		w->truncated = 1;
+		return 1;
+	}
+	w->d = parent;
+	return 0;
+}
+
+/* cwd_of copies the components of t's working directory into dst, leaf
+ * first, each NUL-terminated, stopping at t's root; it returns the bytes
+ * used (CWD_MAX when the path was truncated). */
+static __always_inline u16 cwd_of(struct task_struct *t, char *dst)
 {
 	struct fs_struct *fs = BPF_CORE_READ(t, fs);
-	struct dentry *root = BPF_CORE_READ(fs, root.dentry);
-	struct vfsmount *rootmnt = BPF_CORE_READ(fs, root.mnt);
-	struct dentry *d = BPF_CORE_READ(fs, pwd.dentry);
-	struct vfsmount *mnt = BPF_CORE_READ(fs, pwd.mnt);
-	u64 mnt_off = bpf_core_field_offset(struct mount, mnt);
-	u32 off = 0;
+	struct cwd_walk w = {
+		.d = BPF_CORE_READ(fs, pwd.dentry),
+		.mnt = BPF_CORE_READ(fs, pwd.mnt),
+		.root = BPF_CORE_READ(fs, root.dentry),
+		.rootmnt = BPF_CORE_READ(fs, root.mnt),
+		.mnt_off = bpf_core_field_offset(struct mount, mnt),
+	};
+	u32 zero = 0;
+	struct cwd_buf *buf;
 
-	for (int i = 0; i < CWD_DEPTH; i++) {
-		struct dentry *parent;
-		long n;
-
-		if (d == root && mnt == rootmnt)
-			break;
-		if (d == BPF_CORE_READ(mnt, mnt_root)) {
-			struct mount *m = (struct mount *)((u64)mnt - mnt_off);
-			struct mount *pm = BPF_CORE_READ(m, mnt_parent);
-
-			if (pm == m)
-				break;
-			d = BPF_CORE_READ(m, mnt_mountpoint);
-			mnt = (struct vfsmount *)((u64)pm + mnt_off);
-			continue;
-		}
-		parent = BPF_CORE_READ(d, d_parent);
-		if (parent == d)
-			break;
-		n = bpf_probe_read_kernel_str(buf + (off & (CWD_MAX - 1)), NAME_BUF,
-					      BPF_CORE_READ(d, d_name.name));
-		if (n <= 0)
-			break;
-		off += n;
-		if (off >= CWD_MAX)
-			return CWD_MAX;
-		d = parent;
-	}
-	return off;
+	bpf_loop(CWD_DEPTH, cwd_step, &w, 0);
+	buf = bpf_map_lookup_elem(&cwd_scratch, &zero);
+	if (!buf)
+		return 0;
+	if (w.truncated)
+		w.off = CWD_MAX;
+	bpf_probe_read_kernel(dst, CWD_MAX, buf->b);
+	return w.off > CWD_MAX ? CWD_MAX : w.off;
 }
 
 SEC("tp_btf/sched_process_exec")
@@ -428,6 +477,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	e->argv_trunc = len >= ARGV_MAX;
 	if (len >= ARGV_MAX)
 		len = ARGV_MAX - 1;
+	barrier_var(len);
 	len &= ARGV_MAX - 1;
 	e->argv_len = 0;
 	if (len > 0 && !bpf_probe_read_user(e->argv, len, (const void *)start))

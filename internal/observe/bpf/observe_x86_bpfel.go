@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type observeCwdBuf struct {
+	_ structs.HostLayout
+	B [1280]int8
+}
+
 type observeExecEv struct {
 	_         structs.HostLayout
 	H         observeHdr
@@ -102,6 +107,7 @@ type observeWatch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	observeMapCwdScratch   = "cwd_scratch"
 	observeMapEvents       = "events"
 	observeMapInflight     = "inflight"
 	observeMapWatched      = "watched"
@@ -172,9 +178,10 @@ type observeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeMapSpecs struct {
-	Events   *ebpf.MapSpec `ebpf:"events"`
-	Inflight *ebpf.MapSpec `ebpf:"inflight"`
-	Watched  *ebpf.MapSpec `ebpf:"watched"`
+	CwdScratch *ebpf.MapSpec `ebpf:"cwd_scratch"`
+	Events     *ebpf.MapSpec `ebpf:"events"`
+	Inflight   *ebpf.MapSpec `ebpf:"inflight"`
+	Watched    *ebpf.MapSpec `ebpf:"watched"`
 }
 
 // observeVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,13 +217,15 @@ func (o *observeObjects) Close() error {
 //
 // It can be passed to loadObserveObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeMaps struct {
-	Events   *ebpf.Map `ebpf:"events"`
-	Inflight *ebpf.Map `ebpf:"inflight"`
-	Watched  *ebpf.Map `ebpf:"watched"`
+	CwdScratch *ebpf.Map `ebpf:"cwd_scratch"`
+	Events     *ebpf.Map `ebpf:"events"`
+	Inflight   *ebpf.Map `ebpf:"inflight"`
+	Watched    *ebpf.Map `ebpf:"watched"`
 }
 
 func (m *observeMaps) Close() error {
 	return _ObserveClose(
+		m.CwdScratch,
 		m.Events,
 		m.Inflight,
 		m.Watched,

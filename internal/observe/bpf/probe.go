@@ -16,10 +16,12 @@ import (
 // message names what was refused. It is of kind errdefs.ErrNotImplemented.
 var ErrNotSupported = errdefs.New(errdefs.ErrNotImplemented, "kernel observation not supported")
 
-// Probe checks that the kernel offers what the programs need: BTF of the
-// running kernel, BTF-typed tracepoint programs (tp_btf, Linux 5.5), ring
-// buffers (5.8) and task storage (5.11). Each failure wraps ErrNotSupported
-// with the missing feature.
+// Probe checks that the kernel offers the maps the programs need: BTF of
+// the running kernel, ring buffers (Linux 5.8) and task storage (5.11). Each
+// failure wraps ErrNotSupported with the missing feature. BTF-typed
+// tracepoint programs (tp_btf) are checked by loading them in Open: the
+// generic probe for tracing programs uses fentry, which some kernels refuse
+// while they accept tp_btf.
 func Probe() error {
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return fmt.Errorf("%w: kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF): %w", ErrNotSupported, err)
@@ -28,7 +30,6 @@ func Probe() error {
 		what string
 		err  error
 	}{
-		{"tracing programs (Linux 5.5)", features.HaveProgramType(ebpf.Tracing)},
 		{"ring buffer maps (Linux 5.8)", features.HaveMapType(ebpf.RingBuf)},
 		{"task storage maps (Linux 5.11)", features.HaveMapType(ebpf.TaskStorage)},
 	}

@@ -1,0 +1,213 @@
+// Package initclient is the daemon's client of the in-jail init: it runs
+// commands, signals them and performs file operations in a jail over the
+// init's control socket (protocol: internal/initproto), and maps init's
+// errors to internal/errdefs kinds.
+//
+// Every call opens its own connection, so a Client is safe for concurrent
+// use and holds no resources between calls.
+package initclient
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initproto"
+)
+
+// Client talks to one jail's init.
+type Client struct {
+	socketPath string
+}
+
+// New returns a client of the init listening on socketPath (a host path).
+// Paths longer than a unix socket address allows are reached through the
+// directory's /proc/self/fd entry. New does not connect.
+func New(socketPath string) *Client {
+	return &Client{socketPath: socketPath}
+}
+
+// maxSunPath is the longest path a unix socket address holds.
+const maxSunPath = 107
+
+// killTimeout bounds the kill request and the wait for the exit report
+// after an exec is cancelled.
+const killTimeout = 10 * time.Second
+
+// conn is one control connection.
+type conn struct {
+	net.Conn
+	r   *bufio.Reader
+	buf []byte
+}
+
+// dial connects to init. Failing to connect is ErrUnavailable.
+func (c *Client) dial(ctx context.Context) (*conn, error) {
+	addr := c.socketPath
+	if len(addr) > maxSunPath {
+		fd, err := unix.Open(filepath.Dir(addr), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "jail init is not reachable at %s", c.socketPath)
+		}
+		defer unix.Close(fd)
+		addr = "/proc/self/fd/" + strconv.Itoa(fd) + "/" + filepath.Base(addr)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "jail init is not reachable at %s", c.socketPath)
+	}
+	return &conn{Conn: nc, r: bufio.NewReaderSize(nc, 64<<10)}, nil
+}
+
+// read reads one frame; the payload is valid until the next read.
+func (cn *conn) read() (initproto.MsgType, []byte, error) {
+	t, p, err := initproto.ReadFrame(cn.r, cn.buf)
+	if err == nil && cap(p) > cap(cn.buf) {
+		cn.buf = p[:0]
+	}
+	return t, p, err
+}
+
+// guard makes blocked I/O on cn fail when ctx is done; the returned stop
+// function reports whether ctx fired.
+func guard(ctx context.Context, cn *conn) (stop func() bool) {
+	s := context.AfterFunc(ctx, func() { cn.SetDeadline(time.Unix(1, 0)) })
+	return func() bool { return !s() && ctx.Err() != nil }
+}
+
+// ioError converts a failure of the connection itself: ctx's error when
+// ctx is done, else ErrUnavailable.
+func ioError(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return errdefs.Wrap(errdefs.ErrUnavailable, err, "%s: connection to jail init failed", op)
+}
+
+// remoteError maps an error reported by init to its errdefs kind.
+func remoteError(e *initproto.Error) error {
+	switch e.Kind {
+	case initproto.KindNotFound:
+		return errdefs.New(errdefs.ErrNotFound, "%s", e.Message)
+	case initproto.KindForbidden:
+		return errdefs.New(errdefs.ErrForbidden, "%s", e.Message)
+	case initproto.KindBlocked:
+		return errdefs.New(errdefs.ErrForbidden, "path %q is blocked by the jail's policy", e.Path)
+	case initproto.KindConflict:
+		return errdefs.New(errdefs.ErrConflict, "%s", e.Message)
+	case initproto.KindUnprocessable:
+		return errdefs.New(errdefs.ErrUnprocessable, "%s", e.Message)
+	case initproto.KindInvalid:
+		return errdefs.New(errdefs.ErrInvalid, "%s", e.Message)
+	case initproto.KindNoSpace:
+		return errdefs.New(errdefs.ErrTooLarge, "no space left in the jail's disk (%s)", e.Message)
+	case initproto.KindNotImplemented:
+		return errdefs.New(errdefs.ErrNotImplemented, "%s", e.Message)
+	}
+	return fmt.Errorf("jail init: %s", e.Message)
+}
+
+// decodeError decodes an Error frame into the mapped error.
+func decodeError(payload []byte) error {
+	var e initproto.Error
+	if err := initproto.Decode(initproto.MsgError, payload, &e); err != nil {
+		return fmt.Errorf("jail init: %w", err)
+	}
+	return remoteError(&e)
+}
+
+// unexpected is the error of a frame that does not fit the protocol.
+func unexpected(op string, t initproto.MsgType) error {
+	return fmt.Errorf("%s: jail init sent an unexpected %s frame", op, t)
+}
+
+// call runs a request/answer operation: it sends req as a frame of type
+// t, and decodes the OK answer into out (unless out is nil).
+func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, out any) error {
+	cn, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cn.Close()
+	stop := guard(ctx, cn)
+	defer stop()
+	if err := initproto.WriteJSON(cn, t, req); err != nil {
+		return ioError(ctx, op, err)
+	}
+	return readAnswer(ctx, cn, op, out)
+}
+
+// readAnswer reads an OK (decoded into out) or Error frame.
+func readAnswer(ctx context.Context, cn *conn, op string, out any) error {
+	rt, payload, err := cn.read()
+	if err != nil {
+		return ioError(ctx, op, err)
+	}
+	switch rt {
+	case initproto.MsgOK:
+		if out == nil || len(payload) == 0 {
+			return nil
+		}
+		return initproto.Decode(rt, payload, out)
+	case initproto.MsgError:
+		return decodeError(payload)
+	}
+	return unexpected(op, rt)
+}
+
+// checkPath validates a jail path before it is sent: absolute and without
+// NUL bytes.
+func checkPath(field, p string) error {
+	if strings.IndexByte(p, 0) >= 0 {
+		return errdefs.Invalidf("%s %q contains a NUL byte", field, p)
+	}
+	if !strings.HasPrefix(p, "/") {
+		return errdefs.Invalidf("%s %q is not an absolute jail path", field, p)
+	}
+	return nil
+}
+
+// Ping checks that init answers. A missing or refusing socket is
+// ErrUnavailable.
+func (c *Client) Ping(ctx context.Context) error {
+	return c.call(ctx, "ping", initproto.MsgPing, nil, nil)
+}
+
+// Signal sends a signal (a name such as "SIGTERM" or a number) to the
+// running command with in-jail pid. An unknown pid is ErrNotFound.
+func (c *Client) Signal(ctx context.Context, pid int, signal string) error {
+	return c.call(ctx, "signal", initproto.MsgSignal, initproto.SignalRequest{Pid: pid, Signal: signal}, nil)
+}
+
+// Kill kills the running command with in-jail pid and all its
+// descendants; it returns once the kill is requested (the command's Exec
+// then reports SIGKILL). An unknown pid is ErrNotFound.
+func (c *Client) Kill(ctx context.Context, pid int) error {
+	return c.call(ctx, "kill", initproto.MsgKill, initproto.KillRequest{Pid: pid}, nil)
+}
+
+// List describes the running commands, ordered by pid.
+func (c *Client) List(ctx context.Context) ([]initproto.ProcessInfo, error) {
+	var out []initproto.ProcessInfo
+	if err := c.call(ctx, "list", initproto.MsgList, nil, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// errNoExit is reported when init closes an exec connection without an
+// exit report.
+var errNoExit = errors.New("connection closed before the command's exit was reported")

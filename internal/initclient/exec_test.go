@@ -1,0 +1,404 @@
+package initclient_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initclient"
+	"github.com/agentjail/agentjail/internal/initproto"
+)
+
+// run execs a command and returns stdout, stderr and the status.
+func run(t *testing.T, c *initclient.Client, req initproto.ExecRequest, stdin io.Reader) (string, string, initproto.ExitStatus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	st, err := c.Exec(ctx, req, stdin, &out, &errb)
+	if err != nil {
+		t.Fatalf("exec %q: %v", req.Argv, err)
+	}
+	return out.String(), errb.String(), st
+}
+
+func TestExecArgvEnvCwd(t *testing.T) {
+	e := newEnv(t)
+	out, _, st := run(t, e.c, initproto.ExecRequest{
+		Argv: []string{"sh", "-c", `printf '%s|' "$0" "$1" "$HOME" "$USER" "$LOGNAME" "$BASE" "$EXTRA" "$LANG"; pwd`, "a b", "c"},
+		Env:  []string{"EXTRA=x=y", "BASE=overridden"},
+	}, nil)
+	want := "a b|c|/home/agent|agent|agent|overridden|x=y|C.UTF-8|" + e.ws + "\n"
+	if out != want || st.Code != 0 || st.Signal != "" {
+		t.Fatalf("got %q (status %+v), want %q", out, st, want)
+	}
+	if st.Pid <= 0 || st.DurationNs <= 0 {
+		t.Fatalf("status lacks pid or duration: %+v", st)
+	}
+	sub := filepath.Join(e.ws, "sub")
+	mustMkdir(t, sub, 0o755)
+	out, _, _ = run(t, e.c, initproto.ExecRequest{Argv: []string{"pwd"}, Cwd: sub}, nil)
+	if out != sub+"\n" {
+		t.Fatalf("cwd: got %q", out)
+	}
+	_, _, st = run(t, e.c, initproto.ExecRequest{Argv: []string{"sh", "-c", "exit 3"}}, nil)
+	if st.Code != 3 {
+		t.Fatalf("exit code: %+v", st)
+	}
+}
+
+func TestExecUsers(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct{ user, want string }{
+		{"", "1000 1000 1000"},
+		{"agent", "1000 1000 1000"},
+		{"tester", "4321 4321 4321 5555"},
+		{"4321", "4321 4321 4321 5555"},
+		{"root", "0 0 0"},
+		{"7777", "7777 7777 7777"}, // a uid without a passwd entry
+	} {
+		out, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{"sh", "-c", `echo $(id -u) $(id -g) $(id -G)`}, User: tc.user}, nil)
+		if strings.TrimSpace(out) != tc.want || st.Code != 0 {
+			t.Errorf("user %q: got %q (%+v), want %q", tc.user, out, st, tc.want)
+		}
+	}
+	_, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"true"}, User: "nosuchuser"}, nil, nil, nil)
+	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "nosuchuser") {
+		t.Fatalf("unknown user: %v", err)
+	}
+}
+
+func TestExecStdinStreaming(t *testing.T) {
+	e := newEnv(t)
+	data := make([]byte, 5<<20)
+	rand.Read(data)
+	var out bytes.Buffer
+	st, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"cat"}}, bytes.NewReader(data), &out, nil)
+	if err != nil || st.Code != 0 {
+		t.Fatalf("cat: %v %+v", err, st)
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("cat returned %d bytes, want %d identical", out.Len(), len(data))
+	}
+	// A nil stdin is empty.
+	got, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{"wc", "-c"}}, nil)
+	if strings.TrimSpace(got) != "0" || st.Code != 0 {
+		t.Fatalf("nil stdin: %q %+v", got, st)
+	}
+	// Interactive: each line is answered before the next is sent.
+	pr, pw := io.Pipe()
+	lw := newLineWriter()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"sh", "-c", "while read l; do echo got-$l; done"}}, pr, lw, nil)
+		done <- err
+	}()
+	for i, w := range []string{"one", "two"} {
+		io.WriteString(pw, w+"\n")
+		if l := waitLines(t, lw, 1, 10*time.Second); l[0] != "got-"+w {
+			t.Fatalf("line %d: %q", i, l[0])
+		}
+	}
+	pw.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestExecLargeOutput(t *testing.T) {
+	e := newEnv(t)
+	var out, errb countWriter
+	st, err := e.c.Exec(context.Background(), initproto.ExecRequest{
+		Argv: []string{"sh", "-c", "head -c 30000000 /dev/zero; head -c 3000000 /dev/zero >&2"},
+	}, nil, &out, &errb)
+	if err != nil || st.Code != 0 {
+		t.Fatalf("%v %+v", err, st)
+	}
+	if out.n != 30000000 || errb.n != 3000000 {
+		t.Fatalf("stdout %d bytes, stderr %d bytes", out.n, errb.n)
+	}
+}
+
+type countWriter struct{ n int }
+
+func (w *countWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p), nil }
+
+func TestExecSignalsAndStartFailures(t *testing.T) {
+	e := newEnv(t)
+	_, errOut, st := run(t, e.c, initproto.ExecRequest{Argv: []string{"sh", "-c", "echo oops >&2; kill -TERM $$"}}, nil)
+	if st.Signal != "SIGTERM" || st.Code != 143 || errOut != "oops\n" {
+		t.Fatalf("signal: %+v stderr %q", st, errOut)
+	}
+	_, errOut, st = run(t, e.c, initproto.ExecRequest{Argv: []string{"no-such-command-here"}}, nil)
+	if st.Code != 127 || !strings.Contains(errOut, "no-such-command-here: command not found") {
+		t.Fatalf("not found: %+v %q", st, errOut)
+	}
+	_, errOut, st = run(t, e.c, initproto.ExecRequest{Argv: []string{"/no/such/file"}}, nil)
+	if st.Code != 127 || !strings.Contains(errOut, "/no/such/file") {
+		t.Fatalf("missing path: %+v %q", st, errOut)
+	}
+	script := filepath.Join(e.ws, "notexec.sh")
+	mustWrite(t, script, "#!/bin/sh\necho hi\n", 0o644)
+	_, errOut, st = run(t, e.c, initproto.ExecRequest{Argv: []string{script}}, nil)
+	if st.Code != 126 || !strings.Contains(errOut, "permission denied") {
+		t.Fatalf("not executable: %+v %q", st, errOut)
+	}
+	_, _, st = run(t, e.c, initproto.ExecRequest{Argv: []string{e.ws}}, nil)
+	if st.Code != 126 {
+		t.Fatalf("directory: %+v", st)
+	}
+	// Executable by its owner only: root may run it, tester may not.
+	own := filepath.Join(e.ws, "own.sh")
+	mustWrite(t, own, "#!/bin/sh\necho ran\n", 0o700)
+	if out, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{own}, User: "root"}, nil); out != "ran\n" || st.Code != 0 {
+		t.Fatalf("root: %q %+v", out, st)
+	}
+	if _, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{own}, User: "tester"}, nil); st.Code != 126 {
+		t.Fatalf("tester: %+v", st)
+	}
+}
+
+func TestExecBadRequests(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		req  initproto.ExecRequest
+		kind error
+	}{
+		{initproto.ExecRequest{}, errdefs.ErrInvalid},
+		{initproto.ExecRequest{Argv: []string{"true"}, Cwd: "relative"}, errdefs.ErrInvalid},
+		{initproto.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"}, errdefs.ErrUnprocessable},
+		{initproto.ExecRequest{Argv: []string{"true"}, Cwd: "/etc/passwd"}, errdefs.ErrUnprocessable},
+		{initproto.ExecRequest{Argv: []string{"true"}, Cwd: "/root", User: "tester"}, errdefs.ErrUnprocessable},
+		{initproto.ExecRequest{Argv: []string{"tr\x00ue"}}, errdefs.ErrInvalid},
+		{initproto.ExecRequest{Argv: []string{"true"}, Env: []string{"NOEQUALS"}}, errdefs.ErrInvalid},
+		{initproto.ExecRequest{Argv: []string{"true"}, PTY: &initproto.PTYOptions{Rows: 24, Cols: 80}}, errdefs.ErrNotImplemented},
+	} {
+		_, err := e.c.Exec(ctx, tc.req, nil, nil, nil)
+		if !errors.Is(err, tc.kind) {
+			t.Errorf("%+v: got %v, want kind %v", tc.req, err, tc.kind)
+		}
+	}
+}
+
+// treeScript starts a tree that escapes in every usual way: a setsid()
+// child, a double-forked orphan and a plain background child; each prints
+// its pid, then the command itself prints its pid and waits.
+const treeScript = `setsid sh -c 'echo $$; exec sleep 1000' &
+(sh -c 'echo $$; exec sleep 1000' &) 
+sleep 1000 & echo $!
+echo $$
+wait`
+
+// checkTreeGone asserts that every pid is gone (dead and reaped).
+func checkTreeGone(t *testing.T, pids []int) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "the command tree to be reaped", func() bool {
+		for _, p := range pids {
+			if alive(p) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestExecTimeoutKillsTree(t *testing.T) {
+	e := newEnv(t)
+	lw := newLineWriter()
+	start := time.Now()
+	st, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, TimeoutMs: 1500}, nil, lw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.TimedOut || st.Signal != "SIGKILL" {
+		t.Fatalf("status %+v", st)
+	}
+	if d := time.Since(start); d < 1500*time.Millisecond || d > 10*time.Second {
+		t.Fatalf("timed out after %v", d)
+	}
+	pids := pidsOf(t, strings.Fields(lw.String()))
+	if len(pids) != 4 {
+		t.Fatalf("want 4 pids, got %v", pids)
+	}
+	// Exec returns only after the shim reaped the whole tree.
+	for _, p := range pids {
+		if alive(p) {
+			t.Errorf("pid %d survived the timeout", p)
+		}
+	}
+}
+
+func TestExecCancelKillsTree(t *testing.T) {
+	e := newEnv(t)
+	lw := newLineWriter()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		st  initproto.ExitStatus
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}}, nil, lw, nil)
+		done <- result{st, err}
+	}()
+	pids := pidsOf(t, waitLines(t, lw, 4, 10*time.Second))
+	for _, p := range pids {
+		if !alive(p) {
+			t.Fatalf("pid %d is not running", p)
+		}
+	}
+	cancel()
+	r := <-done
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("exec returned %v", r.err)
+	}
+	if r.st.Signal != "SIGKILL" {
+		t.Fatalf("status %+v", r.st)
+	}
+	checkTreeGone(t, pids)
+}
+
+func TestExecWriterErrorKills(t *testing.T) {
+	e := newEnv(t)
+	boom := errors.New("writer failed")
+	st, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"sh", "-c", "echo first; exec sleep 1000"}}, nil, failWriter{boom}, nil)
+	if !errors.Is(err, boom) || st.Signal != "SIGKILL" {
+		t.Fatalf("got %v, %+v", err, st)
+	}
+}
+
+type failWriter struct{ err error }
+
+func (w failWriter) Write([]byte) (int, error) { return 0, w.err }
+
+func TestExecDisconnectKillsTree(t *testing.T) {
+	e := newEnv(t)
+	// Speak the protocol directly, then drop the connection.
+	conn, err := netDial(e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := initproto.WriteJSON(conn, initproto.MsgExec, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	for len(strings.Fields(out.String())) < 4 {
+		typ, p, err := initproto.ReadFrame(conn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == initproto.MsgStdout {
+			out.Write(p)
+		}
+	}
+	pids := pidsOf(t, strings.Fields(out.String()))
+	conn.Close()
+	checkTreeGone(t, pids)
+	waitFor(t, 5*time.Second, "the process table to empty", func() bool {
+		l, err := e.c.List(context.Background())
+		return err == nil && len(l) == 0
+	})
+}
+
+func TestSignalKillList(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	type result struct {
+		st  initproto.ExitStatus
+		err error
+	}
+	start := func(argv ...string) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: argv, TimeoutMs: 60000}, nil, nil, nil)
+			ch <- result{st, err}
+		}()
+		return ch
+	}
+	r1 := start("sleep", "1001")
+	r2 := start("sleep", "1002")
+	var procs []initproto.ProcessInfo
+	waitFor(t, 10*time.Second, "two listed processes", func() bool {
+		var err error
+		procs, err = e.c.List(ctx)
+		return err == nil && len(procs) == 2
+	})
+	sort.Slice(procs, func(i, j int) bool { return procs[i].Argv[1] < procs[j].Argv[1] })
+	if procs[0].Argv[1] != "1001" || procs[0].User != "agent" || procs[0].Cwd != e.ws || procs[0].TimeoutMs != 60000 {
+		t.Fatalf("list: %+v", procs)
+	}
+	if err := e.c.Signal(ctx, procs[0].Pid, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-r1; r.err != nil || r.st.Signal != "SIGTERM" || r.st.Pid != procs[0].Pid {
+		t.Fatalf("signalled: %+v %v", r.st, r.err)
+	}
+	if err := e.c.Kill(ctx, procs[1].Pid); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-r2; r.err != nil || r.st.Signal != "SIGKILL" || r.st.TimedOut {
+		t.Fatalf("killed: %+v %v", r.st, r.err)
+	}
+	if err := e.c.Signal(ctx, 999999, "TERM"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown pid: %v", err)
+	}
+	if err := e.c.Signal(ctx, procs[0].Pid, "NOTASIGNAL"); !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("bad signal: %v", err)
+	}
+}
+
+// TestExecLeftoversLinger checks that a background process outliving its
+// command keeps running after the exec ends, and is killed at shutdown.
+func TestExecLeftoversLinger(t *testing.T) {
+	e := newEnv(t)
+	out, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{"sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"}}, nil)
+	if st.Code != 0 {
+		t.Fatalf("%+v", st)
+	}
+	pid := pidsOf(t, strings.Fields(out))[0]
+	if !alive(pid) {
+		t.Fatalf("background pid %d died with its command", pid)
+	}
+	// Other commands still run (on another shim).
+	if o, _, _ := run(t, e.c, initproto.ExecRequest{Argv: []string{"echo", "ok"}}, nil); o != "ok\n" {
+		t.Fatalf("%q", o)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkTreeGone(t, []int{pid})
+}
+
+func TestUnavailableAndLongSocketPath(t *testing.T) {
+	requireRoot(t)
+	err := initclient.New(filepath.Join(t.TempDir(), "missing.sock")).Ping(context.Background())
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("missing socket: %v", err)
+	}
+	e := newEnv(t)
+	long := filepath.Join(e.dir, strings.Repeat("d", 60), strings.Repeat("e", 60))
+	mustMkdir(t, long, 0o700)
+	if err := os.Symlink(e.sock, filepath.Join(long, "init.sock")); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(long, "init.sock")
+	if len(p) <= 108 {
+		t.Fatalf("path %q is not long enough", p)
+	}
+	if err := initclient.New(p).Ping(context.Background()); err != nil {
+		t.Fatalf("long path: %v", err)
+	}
+}

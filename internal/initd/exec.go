@@ -1,0 +1,590 @@
+package initd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/initproto"
+)
+
+// process is a running command.
+type process struct {
+	info initproto.ProcessInfo
+	shim *shimProc
+
+	mu       sync.Mutex
+	finished bool // the shim reported the exit; it may serve another command
+	killed   bool
+}
+
+// kill asks the shim to kill the command and all its descendants. It
+// returns false when the command already finished or a kill was already
+// requested. Once finished, no kill reaches the shim, which may by then
+// run another command.
+func (p *process) kill() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.finished || p.killed {
+		return false
+	}
+	p.killed = true
+	p.shim.kill()
+	return true
+}
+
+// finish marks the command as finished.
+func (p *process) finish() {
+	p.mu.Lock()
+	p.finished = true
+	p.mu.Unlock()
+}
+
+// defaultPath is the PATH used for the executable lookup when the
+// command's environment has none.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// startFailure is an executable that cannot be run: the command "runs"
+// and exits with Code after printing Message on its stderr.
+type startFailure struct {
+	Code    int
+	Message string
+}
+
+// prepareExec validates an exec request and resolves its user, working
+// directory, environment and executable.
+func (s *Server) prepareExec(req *initproto.ExecRequest) (*shimSpec, *identity, *startFailure, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, nil, nil, newError(initproto.KindInvalid, "", "argv is empty")
+	}
+	for i, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, nil, nil, newError(initproto.KindInvalid, "", "argv[%d] contains a NUL byte", i)
+		}
+	}
+	for _, kv := range req.Env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.IndexByte(kv, 0) >= 0 {
+			return nil, nil, nil, newError(initproto.KindInvalid, "", "env entry %q is not KEY=VALUE", kv)
+		}
+	}
+	if req.TimeoutMs < 0 {
+		return nil, nil, nil, newError(initproto.KindInvalid, "", "timeout_ms %d is negative", req.TimeoutMs)
+	}
+	user, group := req.User, ""
+	if user == "" {
+		user, group = s.cfg.DefaultUser, s.cfg.DefaultGroup
+	}
+	id, err := s.root.lookupUser(user, group)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = s.cfg.Workspace
+	}
+	if cwd, err = cleanPath("cwd", cwd); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := s.execRoot.checkCwd(cwd, id); err != nil {
+		return nil, nil, nil, err
+	}
+	env := mergeEnv(s.cfg.Env, []string{"HOME=" + id.Home, "USER=" + id.Name, "LOGNAME=" + id.Name}, req.Env)
+	pathEnv := defaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathEnv = v
+		}
+	}
+	exe, fail := s.lookPath(req.Argv[0], pathEnv, cwd, id)
+	if fail != nil {
+		return nil, id, fail, nil
+	}
+	return &shimSpec{Path: exe, Argv: req.Argv, Env: env, Dir: cwd, UID: id.UID, GID: id.GID, Groups: id.Groups}, id, nil, nil
+}
+
+// mergeEnv merges "K=V" lists; a later list overrides earlier values of
+// the same key, which keep their position.
+func mergeEnv(lists ...[]string) []string {
+	var out []string
+	index := make(map[string]int)
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := index[k]; ok {
+				out[i] = kv
+				continue
+			}
+			index[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// lookPath finds the executable for argv0 the way a shell does: a name
+// with a slash is used as is (relative to cwd), other names are searched
+// in PATH for a regular file the user may execute.
+func (s *Server) lookPath(argv0, pathEnv, cwd string, id *identity) (string, *startFailure) {
+	if strings.Contains(argv0, "/") {
+		p := argv0
+		if !path.IsAbs(p) {
+			p = path.Join(cwd, p)
+		}
+		st, err := s.execRoot.statFollow(p)
+		switch {
+		case err != nil:
+			return "", &startFailure{127, fmt.Sprintf("agentjail: %s: %v\n", argv0, err)}
+		case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+			return "", &startFailure{126, fmt.Sprintf("agentjail: %s: is a directory\n", argv0)}
+		case !permits(st, id, wantExec):
+			return "", &startFailure{126, fmt.Sprintf("agentjail: %s: permission denied\n", argv0)}
+		}
+		return p, nil
+	}
+	denied := false
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		if !path.IsAbs(dir) {
+			dir = path.Join(cwd, dir)
+		}
+		p := path.Join(dir, argv0)
+		st, err := s.execRoot.statFollow(p)
+		if err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		if !permits(st, id, wantExec) {
+			denied = true
+			continue
+		}
+		return p, nil
+	}
+	if denied {
+		return "", &startFailure{126, fmt.Sprintf("agentjail: %s: permission denied\n", argv0)}
+	}
+	return "", &startFailure{127, fmt.Sprintf("agentjail: %s: command not found\n", argv0)}
+}
+
+// statFollow stats the jail path p, following symlinks inside the root.
+func (r *fsRoot) statFollow(p string) (*unix.Stat_t, error) {
+	fd, err := r.open(p, unix.O_PATH, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// exec runs one command for a connection: it answers Started (or an
+// error), streams output, feeds stdin, and ends with Exit.
+func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
+	if req.PTY != nil {
+		return newError(initproto.KindNotImplemented, "", "PTY sessions are not implemented")
+	}
+	spec, id, fail, err := s.prepareExec(req)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return newError(initproto.KindInternal, "", "init is shutting down")
+	}
+	s.execs.Add(1)
+	s.mu.Unlock()
+	defer s.execs.Done()
+	if fail != nil {
+		return sendStartFailure(c, 0, fail)
+	}
+
+	sh, err := s.shims.get()
+	if err != nil {
+		return err
+	}
+	ex := &execution{srv: s, c: c, sh: sh, req: req, start: time.Now()}
+	if err := ex.startCommand(spec); err != nil {
+		return err
+	}
+	if ex.failure != nil {
+		s.shims.put(sh)
+		return sendStartFailure(c, 0, ex.failure)
+	}
+	ex.proc = &process{shim: sh, info: initproto.ProcessInfo{
+		Pid: ex.pid, Argv: req.Argv, Cwd: spec.Dir, User: id.Name, StartedAt: ex.start, TimeoutMs: req.TimeoutMs,
+	}}
+	s.mu.Lock()
+	s.procs[ex.pid] = ex.proc
+	s.mu.Unlock()
+	ex.run()
+	return nil
+}
+
+// sendStartFailure answers an exec whose executable could not be run as a
+// process that printed why and exited with the shell's code.
+func sendStartFailure(c *conn, pid int, f *startFailure) error {
+	if err := c.sendJSON(initproto.MsgStarted, initproto.Started{Pid: pid}); err != nil {
+		return nil
+	}
+	if err := c.send(initproto.MsgStderr, []byte(f.Message)); err != nil {
+		return nil
+	}
+	_ = c.sendJSON(initproto.MsgExit, initproto.ExitStatus{Code: f.Code, Pid: pid})
+	return nil
+}
+
+// execution is one command being run for one connection.
+type execution struct {
+	srv   *Server
+	c     *conn
+	sh    *shimProc
+	req   *initproto.ExecRequest
+	start time.Time
+	proc  *process
+
+	pid            int
+	failure        *startFailure
+	stdin          *os.File // nil when the command reads /dev/null
+	stdout, stderr *os.File
+
+	ended    atomic.Bool // Exit is being sent; a client EOF no longer kills
+	timedOut atomic.Bool
+	connDead atomic.Bool
+}
+
+// startCommand hands the command to the shim and waits for it to start.
+// On return without error, either ex.pid is set (the command runs) or
+// ex.failure (the executable could not be run); the shim is then idle.
+func (ex *execution) startCommand(spec *shimSpec) (err error) {
+	var childFds []int
+	var parents []*os.File
+	defer func() {
+		closeFds(childFds)
+		if err != nil {
+			for _, f := range parents {
+				f.Close()
+			}
+		}
+	}()
+	stdinChild := ex.srv.devnull
+	if ex.req.Stdin {
+		w, r, err := pipe(false)
+		if err != nil {
+			ex.srv.shims.put(ex.sh)
+			return err
+		}
+		ex.stdin, stdinChild = w, r
+		parents, childFds = append(parents, w), append(childFds, r)
+	}
+	outR, outW, err := pipe(true)
+	if err != nil {
+		ex.srv.shims.put(ex.sh)
+		return err
+	}
+	ex.stdout = outR
+	parents, childFds = append(parents, outR), append(childFds, outW)
+	errR, errW, err := pipe(true)
+	if err != nil {
+		ex.srv.shims.put(ex.sh)
+		return err
+	}
+	ex.stderr = errR
+	parents, childFds = append(parents, errR), append(childFds, errW)
+
+	if err := ex.sh.send(shimMsgRun, spec, []int{stdinChild, outW, errW}); err != nil {
+		ex.sh.ctrl.Close() // a shim that cannot be talked to exits on EOF
+		return fmt.Errorf("start command: %w", err)
+	}
+	closeFds(childFds)
+	childFds = nil
+	buf := make([]byte, 512)
+	typ, body, err := ex.sh.recv(buf)
+	if err != nil {
+		ex.sh.ctrl.Close()
+		return fmt.Errorf("start command: shim %d: %w", ex.sh.pid, err)
+	}
+	switch typ {
+	case shimMsgStarted:
+		var st shimStarted
+		if err := jsonUnmarshal(body, &st); err != nil {
+			ex.sh.kill()
+			ex.srv.shims.linger(ex.sh)
+			return err
+		}
+		ex.pid = st.Pid
+		return nil
+	case shimMsgExit:
+		var e shimExit
+		if err := jsonUnmarshal(body, &e); err != nil {
+			ex.sh.ctrl.Close()
+			return err
+		}
+		for _, f := range parents {
+			f.Close()
+		}
+		parents = nil
+		errno := unix.Errno(e.StartErrno)
+		code := 126
+		if errno == unix.ENOENT {
+			code = 127
+		}
+		ex.failure = &startFailure{code, fmt.Sprintf("agentjail: %s: %v\n", ex.req.Argv[0], errno)}
+		return nil
+	}
+	ex.sh.ctrl.Close()
+	return fmt.Errorf("start command: shim %d sent unexpected message %q", ex.sh.pid, typ)
+}
+
+// run streams the command's I/O until it exits and sends Exit.
+func (ex *execution) run() {
+	s := ex.srv
+	if err := ex.c.sendJSON(initproto.MsgStarted, initproto.Started{Pid: ex.pid}); err != nil {
+		ex.connDead.Store(true)
+		ex.proc.kill()
+	}
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go ex.pump(ex.stdout, initproto.MsgStdout, &pumps)
+	go ex.pump(ex.stderr, initproto.MsgStderr, &pumps)
+	readerDone := make(chan struct{})
+	go ex.readClient(readerDone)
+	var timer *time.Timer
+	if ex.req.TimeoutMs > 0 {
+		timer = time.AfterFunc(time.Duration(ex.req.TimeoutMs)*time.Millisecond, func() {
+			ex.timedOut.Store(true)
+			ex.proc.kill()
+		})
+	}
+
+	res, shimOK := ex.waitExit()
+	ex.proc.finish()
+	if timer != nil {
+		timer.Stop()
+	}
+	status := initproto.ExitStatus{Pid: ex.pid, DurationNs: int64(time.Since(ex.start)), TimedOut: ex.timedOut.Load()}
+	if res.Exited {
+		status.Code = res.Code
+	} else {
+		status.Signal = unix.SignalName(unix.Signal(res.Signal))
+		status.Code = 128 + res.Signal
+	}
+
+	// Everything the command wrote before it exited is in the pipes now.
+	// Drain it without waiting for background descendants that may still
+	// hold the pipes open; they lose them (EPIPE) when init closes them.
+	now := time.Now()
+	ex.stdout.SetReadDeadline(now)
+	ex.stderr.SetReadDeadline(now)
+	pumps.Wait()
+	ex.stdout.Close()
+	ex.stderr.Close()
+	if ex.stdin != nil {
+		ex.stdin.Close()
+	}
+	s.mu.Lock()
+	delete(s.procs, ex.pid)
+	s.mu.Unlock()
+
+	ex.ended.Store(true)
+	if !ex.connDead.Load() {
+		_ = ex.c.sendJSON(initproto.MsgExit, status)
+	}
+	switch {
+	case !shimOK:
+		ex.sh.ctrl.Close()
+	case res.Reusable:
+		s.shims.put(ex.sh)
+	default:
+		s.shims.linger(ex.sh)
+	}
+	ex.c.c.Close()
+	<-readerDone
+}
+
+// waitExit reads the shim's exit report. shimOK is false when the shim
+// died instead; the result then reflects the SIGKILL its death delivered
+// to the command.
+func (ex *execution) waitExit() (res shimExit, shimOK bool) {
+	buf := make([]byte, 512)
+	for {
+		typ, body, err := ex.sh.recv(buf)
+		if err != nil {
+			<-ex.sh.done
+			ex.srv.log.Printf("shim %d of pid %d ended without a report (%v)", ex.sh.pid, ex.pid, ex.sh.ws)
+			return shimExit{Signal: int(unix.SIGKILL)}, false
+		}
+		if typ == shimMsgExit && jsonUnmarshal(body, &res) == nil {
+			return res, true
+		}
+	}
+}
+
+// pump streams one output pipe to the client as frames of type t. After
+// the command's exit, the read deadline is set: pump then reads what is
+// left in the pipe without blocking and returns.
+func (ex *execution) pump(f *os.File, t initproto.MsgType, wg *sync.WaitGroup) {
+	defer wg.Done()
+	buf := make([]byte, initproto.ChunkSize)
+	emit := func(b []byte) {
+		if ex.connDead.Load() {
+			return
+		}
+		if err := ex.c.send(t, b); err != nil {
+			ex.connDead.Store(true)
+			ex.proc.kill() // the client is gone
+		}
+	}
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			emit(buf[:n])
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			drain(f, buf, emit)
+		}
+		return
+	}
+}
+
+// drain reads what is buffered in a non-blocking pipe, without waiting.
+func drain(f *os.File, buf []byte, emit func([]byte)) {
+	f.SetReadDeadline(time.Time{})
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Read(func(fd uintptr) bool {
+		for {
+			n, err := unix.Read(int(fd), buf)
+			if n <= 0 || err != nil {
+				return true
+			}
+			emit(buf[:n])
+		}
+	})
+}
+
+// readClient reads the client's stream frames: stdin data and its end. A
+// client that goes away before Exit gets the command tree killed.
+func (ex *execution) readClient(done chan<- struct{}) {
+	defer close(done)
+	stdinOpen := ex.stdin != nil
+	for {
+		t, payload, err := ex.c.read()
+		if err != nil {
+			if !ex.ended.Load() {
+				ex.proc.kill()
+			}
+			return
+		}
+		switch t {
+		case initproto.MsgStdin:
+			if !stdinOpen {
+				continue
+			}
+			if err := ex.writeStdin(payload); err != nil {
+				if errors.Is(err, errPeerGone) {
+					ex.proc.kill()
+					return
+				}
+				// The command closed its stdin or exited: drop the rest.
+				stdinOpen = false
+			}
+		case initproto.MsgStdinClose:
+			if stdinOpen {
+				ex.stdin.Close()
+				stdinOpen = false
+			}
+		default:
+			ex.srv.log.Printf("exec pid %d: ignoring %s frame", ex.pid, t)
+		}
+	}
+}
+
+// errPeerGone reports a client that closed its connection while stdin
+// was blocked.
+var errPeerGone = errors.New("client closed the connection")
+
+// stdinCheck is how often a blocked stdin write checks that the client is
+// still connected.
+const stdinCheck = time.Second
+
+// writeStdin writes p to the command's stdin. While the command does not
+// read, it checks every stdinCheck that the client is still connected.
+func (ex *execution) writeStdin(p []byte) error {
+	for len(p) > 0 {
+		ex.stdin.SetWriteDeadline(time.Now().Add(stdinCheck))
+		n, err := ex.stdin.Write(p)
+		p = p[n:]
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			if peerClosed(ex.c) {
+				return errPeerGone
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peerClosed reports whether the client closed its end: nothing is
+// buffered and the socket reads EOF (peeking, without consuming).
+func peerClosed(c *conn) bool {
+	if c.r.Buffered() > 0 {
+		return false
+	}
+	sc, ok := c.c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	_ = rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		closed = n == 0 && err == nil
+	})
+	return closed
+}
+
+// pipe makes a pipe. With readParent the read end is init's (non-blocking,
+// pollable) and the write end is the child's fd; otherwise the reverse.
+func pipe(readParent bool) (parent *os.File, child int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, -1, fmt.Errorf("create pipe: %w", err)
+	}
+	pi, ci := 1, 0
+	if readParent {
+		pi, ci = 0, 1
+	}
+	if err := unix.SetNonblock(p[pi], true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, -1, fmt.Errorf("create pipe: %w", err)
+	}
+	return os.NewFile(uintptr(p[pi]), "pipe"+strconv.Itoa(p[pi])), p[ci], nil
+}

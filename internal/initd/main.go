@@ -1,0 +1,178 @@
+// Package initd is agentjail's in-jail init: PID 1 of every jail. It reads
+// its configuration from the control directory, serves the control
+// protocol of internal/initproto on a unix socket there, starts every
+// command of the jail as its own descendant (through a per-command
+// subreaper shim, so a command's whole process tree can be killed), reaps
+// every zombie, forwards termination signals to the commands, and performs
+// file operations confined to the jail's root.
+//
+// The package imports only the standard library (without net/http) and
+// golang.org/x/sys, so the init stays small; a test enforces it.
+package initd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/initproto"
+)
+
+// shutdownGrace is how long init waits on SIGTERM/SIGINT for commands to
+// exit before it kills them.
+const shutdownGrace = 10 * time.Second
+
+// Main runs `agentjail init` with the arguments after "init" and returns
+// the process exit code.
+//
+// Without flags it is the jail's init: it reads ControlDir/init.json,
+// listens on ControlDir/init.sock (mode 0600), writes initproto.ReadyLine
+// to its original stdout, then redirects stdout and stderr to
+// ControlDir/init.log and serves until SIGTERM or SIGINT, on which it
+// forwards the signal to every command, waits up to 10 s for them to exit,
+// kills what is left, and returns 0. SIGHUP is forwarded only. A start
+// failure is written to the original stderr and returns 1.
+//
+// Flags: --control-dir DIR replaces ControlDir; --shim runs the
+// per-command shim (started by init itself, never by hand).
+func Main(args []string) int {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	shim := fs.Bool("shim", false, "run as a command shim (internal)")
+	controlDir := fs.String("control-dir", initproto.ControlDir, "control directory")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "agentjail init: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *shim {
+		return runShim()
+	}
+	if err := runInit(*controlDir); err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail init: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// runInit is init's life; it returns only a start error or nil after a
+// graceful shutdown.
+func runInit(dir string) error {
+	data, err := os.ReadFile(filepath.Join(dir, initproto.ConfigName))
+	if err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	var cfg initproto.InitConfig
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return fmt.Errorf("parse config %s: %w", initproto.ConfigName, err)
+	}
+	logFile, err := os.OpenFile(filepath.Join(dir, initproto.LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open log: %w", err)
+	}
+	defer logFile.Close()
+	if os.Getpid() != 1 {
+		// Outside a pid namespace, orphans of commands must still come to
+		// init to be reaped.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("set child subreaper: %w", err)
+		}
+	}
+	// Catch the signals before anything can send them.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+
+	logger := log.New(os.Stderr, "agentjail init: ", log.LstdFlags|log.Lmicroseconds)
+	srv, err := NewServer(Options{Config: cfg, PeerCheck: true, ReapAll: true, Log: logger})
+	if err != nil {
+		return err
+	}
+	l, err := listen(filepath.Join(dir, initproto.SocketName))
+	if err != nil {
+		srv.Shutdown(context.Background())
+		return err
+	}
+	if _, err := io.WriteString(os.Stdout, initproto.ReadyLine); err != nil {
+		l.Close()
+		srv.Shutdown(context.Background())
+		return fmt.Errorf("signal readiness: %w", err)
+	}
+	if err := redirectStdio(logFile); err != nil {
+		// Readiness is signalled; init keeps serving and logs nowhere.
+		logger.SetOutput(io.Discard)
+	}
+	logger.Printf("jail %s: serving on %s", cfg.JailID, l.Addr())
+	go func() {
+		if err := srv.Serve(l); err != nil {
+			logger.Printf("serve: %v", err)
+		}
+	}()
+	for sig := range sigs {
+		s := sig.(unix.Signal)
+		srv.Forward(s)
+		if s == unix.SIGHUP {
+			continue
+		}
+		logger.Printf("%v: shutting down", s)
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		err := srv.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			logger.Printf("shutdown: commands killed after %v", shutdownGrace)
+		}
+		return nil
+	}
+	return nil
+}
+
+// listen creates the control socket with mode 0600. The umask is tightened
+// while it is created, so the socket is never reachable with wider
+// permissions, and set to 022 afterwards, which commands inherit.
+func listen(path string) (net.Listener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	unix.Umask(0o077)
+	l, err := net.Listen("unix", path)
+	unix.Umask(0o022)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// redirectStdio points stdout and stderr at the log and stdin at
+// /dev/null, closing the original stdio inherited from the daemon.
+func redirectStdio(logFile *os.File) error {
+	null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/null: %w", err)
+	}
+	defer unix.Close(null)
+	if err := unix.Dup3(null, 0, 0); err != nil {
+		return fmt.Errorf("redirect stdin: %w", err)
+	}
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(int(logFile.Fd()), fd, 0); err != nil {
+			return fmt.Errorf("redirect fd %d: %w", fd, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,431 @@
+package initd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/initproto"
+)
+
+// Options configures a Server.
+type Options struct {
+	// Config is init's configuration.
+	Config initproto.InitConfig
+	// Root is the directory file operations are confined to and from which
+	// /etc/passwd and /etc/group are read (default "/", the jail's root).
+	// Commands always run in init's own filesystem view.
+	Root string
+	// PeerCheck rejects control connections from processes inside init's
+	// pid namespace (SO_PEERCRED shows their pid; a peer outside the
+	// namespace shows pid 0). Init enables it; tests may turn it off.
+	PeerCheck bool
+	// ReapAll makes the reaper wait for any child (PID 1 duty), not only
+	// the shims the server started. Only for a process that owns all its
+	// children.
+	ReapAll bool
+	// ShimPath is the executable re-run as the per-command shim (default
+	// "/proc/self/exe"); it is started with ShimArgs and must route them
+	// to Main.
+	ShimPath string
+	// ShimArgs is the shim's argv (default {"agentjail", "init", "--shim"}).
+	ShimArgs []string
+	// Log receives diagnostics (default: a logger on stderr).
+	Log *log.Logger
+}
+
+// Server serves init's control protocol: it starts and tracks commands
+// through shims, reaps children, and performs file operations inside its
+// root.
+type Server struct {
+	cfg       initproto.InitConfig
+	root      *fsRoot
+	execRoot  *fsRoot
+	peerCheck bool
+	log       *log.Logger
+	reaper    *reaper
+	shims     *shimPool
+	devnull   int
+
+	mu           sync.Mutex
+	procs        map[int]*process
+	listeners    map[net.Listener]struct{}
+	conns        map[net.Conn]struct{}
+	closing      bool
+	prewarm      sync.Once
+	shutdown     sync.Once
+	shutdownDone chan struct{}
+	execs        sync.WaitGroup // running exec operations
+	handlers     sync.WaitGroup // all connection handlers
+}
+
+// NewServer validates opts, opens the roots and starts the reaper. The
+// caller must call Shutdown to release them.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Root == "" {
+		opts.Root = "/"
+	}
+	if opts.ShimPath == "" {
+		opts.ShimPath = "/proc/self/exe"
+	}
+	if len(opts.ShimArgs) == 0 {
+		opts.ShimArgs = []string{"agentjail", "init", "--shim"}
+	}
+	if opts.Log == nil {
+		opts.Log = log.New(os.Stderr, "agentjail init: ", log.LstdFlags|log.Lmicroseconds)
+	}
+	cfg := opts.Config
+	if cfg.DefaultUser == "" {
+		return nil, errors.New("init config: default_user is empty")
+	}
+	if cfg.Workspace == "" {
+		cfg.Workspace = "/"
+	}
+	if _, err := cleanPath("init config workspace", cfg.Workspace); err != nil {
+		return nil, err
+	}
+	root, err := openRoot(opts.Root, cfg.BlockedPaths)
+	if err != nil {
+		return nil, err
+	}
+	execRoot, err := openRoot("/", nil)
+	if err != nil {
+		root.close()
+		return nil, err
+	}
+	devnull, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		root.close()
+		execRoot.close()
+		return nil, fmt.Errorf("open /dev/null: %w", err)
+	}
+	s := &Server{
+		cfg:          cfg,
+		root:         root,
+		execRoot:     execRoot,
+		peerCheck:    opts.PeerCheck,
+		log:          opts.Log,
+		reaper:       newReaper(opts.ReapAll),
+		devnull:      devnull,
+		procs:        make(map[int]*process),
+		listeners:    make(map[net.Listener]struct{}),
+		conns:        make(map[net.Conn]struct{}),
+		shutdownDone: make(chan struct{}),
+	}
+	s.shims = &shimPool{
+		reaper:    s.reaper,
+		path:      opts.ShimPath,
+		argv:      opts.ShimArgs,
+		stderr:    os.Stderr.Fd(),
+		devnull:   devnull,
+		lingering: make(map[*shimProc]struct{}),
+	}
+	return s, nil
+}
+
+// Serve accepts control connections on l until l is closed or Shutdown is
+// called; it then returns nil. Accept errors are logged and retried with a
+// back-off; a failing connection never stops the server.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return errors.New("serve: server is shut down")
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	s.prewarm.Do(func() {
+		// Start the first idle shim now, not in NewServer: a shim inherits
+		// init's stderr as it is when the shim starts, and Main redirects
+		// stderr to the log between the two.
+		s.shims.mu.Lock()
+		s.shims.spawning = true
+		s.shims.mu.Unlock()
+		go s.shims.refill()
+	})
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	backoff := time.Duration(0)
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Printf("accept: %v (retrying in %v)", err, backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		s.conns[c] = struct{}{}
+		s.handlers.Add(1)
+		s.mu.Unlock()
+		go s.handle(c)
+	}
+}
+
+// Forward sends sig to every running command (not to shims or init).
+func (s *Server) Forward(sig unix.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for pid := range s.procs {
+		_ = unix.Kill(pid, sig)
+	}
+}
+
+// Shutdown stops accepting connections, waits until every running command
+// has exited or ctx is done, then kills the remaining commands with all
+// their descendants (and the leftovers of finished ones), waits briefly
+// for their exit to be reported, and releases the server's resources. It
+// returns ctx's error when commands had to be killed. Later calls wait for
+// the first to finish and return nil.
+func (s *Server) Shutdown(ctx context.Context) error {
+	first := false
+	s.shutdown.Do(func() { first = true })
+	if !first {
+		<-s.shutdownDone
+		return nil
+	}
+	defer close(s.shutdownDone)
+	s.mu.Lock()
+	s.closing = true
+	for l := range s.listeners {
+		l.Close()
+	}
+	s.mu.Unlock()
+
+	waited := make(chan struct{})
+	go func() { s.execs.Wait(); close(waited) }()
+	var err error
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		err = ctx.Err()
+		s.mu.Lock()
+		for _, p := range s.procs {
+			p.kill()
+		}
+		s.mu.Unlock()
+		select {
+		case <-waited:
+		case <-time.After(5 * time.Second):
+			s.log.Printf("shutdown: commands still running after SIGKILL")
+		}
+	}
+	s.shims.close(5 * time.Second)
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.handlers.Wait()
+	s.reaper.close()
+	s.root.close()
+	s.execRoot.close()
+	unix.Close(s.devnull)
+	return err
+}
+
+// conn is one control connection.
+type conn struct {
+	c   net.Conn
+	r   *bufio.Reader
+	wmu sync.Mutex
+	buf []byte
+}
+
+// send writes one frame; safe for concurrent use.
+func (c *conn) send(t initproto.MsgType, payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return initproto.WriteFrame(c.c, t, payload)
+}
+
+// sendJSON writes one JSON frame; safe for concurrent use.
+func (c *conn) sendJSON(t initproto.MsgType, v any) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return initproto.WriteJSON(c.c, t, v)
+}
+
+// sendErr writes an error frame.
+func (c *conn) sendErr(err error) error {
+	return c.sendJSON(initproto.MsgError, protoError(err))
+}
+
+// read reads the next frame; the payload is valid until the next read.
+func (c *conn) read() (initproto.MsgType, []byte, error) {
+	t, p, err := initproto.ReadFrame(c.r, c.buf)
+	if err == nil && cap(p) > cap(c.buf) && cap(p) <= initproto.ChunkSize*2 {
+		c.buf = p[:0]
+	}
+	return t, p, err
+}
+
+// requestTimeout bounds how long a connection may take to send its
+// request frame.
+const requestTimeout = 30 * time.Second
+
+// handle serves one connection.
+func (s *Server) handle(nc net.Conn) {
+	defer s.handlers.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, nc)
+		s.mu.Unlock()
+		nc.Close()
+	}()
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 64<<10), buf: make([]byte, 0, initproto.ChunkSize+initproto.HeaderSize)}
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Printf("connection handler panic: %v\n%s", v, debug.Stack())
+			_ = c.sendErr(newError(initproto.KindInternal, "", "init failed to handle the request: %v", v))
+		}
+	}()
+	if s.peerCheck {
+		if err := checkPeer(nc); err != nil {
+			s.log.Printf("rejected control connection: %v", err)
+			_ = c.sendErr(err)
+			return
+		}
+	}
+	nc.SetReadDeadline(time.Now().Add(requestTimeout))
+	t, payload, err := c.read()
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			s.log.Printf("read request: %v", err)
+		}
+		return
+	}
+	nc.SetReadDeadline(time.Time{})
+	if err := s.dispatch(c, t, payload); err != nil {
+		_ = c.sendErr(err)
+	}
+}
+
+// checkPeer accepts only peers outside init's pid namespace, whose pid
+// reads as 0 through SO_PEERCRED.
+func checkPeer(nc net.Conn) error {
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return newError(initproto.KindForbidden, "", "control connections must be unix sockets")
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("read peer credentials: %w", cerr)
+	}
+	if cred.Pid != 0 {
+		return newError(initproto.KindForbidden, "", "control connections are accepted only from outside the jail (peer pid %d)", cred.Pid)
+	}
+	return nil
+}
+
+// dispatch runs one operation. A returned error is sent to the client as
+// the operation's answer; operations that stream send their own errors.
+func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
+	switch t {
+	case initproto.MsgPing:
+		return c.sendJSON(initproto.MsgOK, nil)
+	case initproto.MsgExec:
+		var req initproto.ExecRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		return s.exec(c, &req)
+	case initproto.MsgSignal:
+		var req initproto.SignalRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		if err := s.signal(req); err != nil {
+			return err
+		}
+		return c.sendJSON(initproto.MsgOK, nil)
+	case initproto.MsgKill:
+		var req initproto.KillRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		p := s.process(req.Pid)
+		if p == nil {
+			return newError(initproto.KindNotFound, "", "no running command has pid %d", req.Pid)
+		}
+		p.kill()
+		return c.sendJSON(initproto.MsgOK, nil)
+	case initproto.MsgList:
+		return c.sendJSON(initproto.MsgOK, s.list())
+	case initproto.MsgAttach:
+		return newError(initproto.KindNotImplemented, "", "attaching to a running process is not implemented")
+	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,
+		initproto.MsgMkdir, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
+		return s.fileOp(c, t, payload)
+	}
+	return newError(initproto.KindInvalid, "", "unknown request type %s", t)
+}
+
+// process returns the running command with in-jail pid, or nil.
+func (s *Server) process(pid int) *process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs[pid]
+}
+
+// signal delivers a signal to a running command.
+func (s *Server) signal(req initproto.SignalRequest) error {
+	sig, err := parseSignal(req.Signal)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.procs[req.Pid] == nil {
+		return newError(initproto.KindNotFound, "", "no running command has pid %d", req.Pid)
+	}
+	if err := unix.Kill(req.Pid, sig); err != nil {
+		return fmt.Errorf("signal pid %d: %w", req.Pid, err)
+	}
+	return nil
+}
+
+// list describes the running commands, ordered by pid.
+func (s *Server) list() []initproto.ProcessInfo {
+	s.mu.Lock()
+	out := make([]initproto.ProcessInfo, 0, len(s.procs))
+	for _, p := range s.procs {
+		out = append(out, p.info)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+	return out
+}

@@ -1,0 +1,374 @@
+package initd
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The shim is a small root process between init and each command: init
+// re-executes its own binary as `init --shim` with a SOCK_SEQPACKET control
+// socket on fd 3. The shim marks itself a child subreaper, so every
+// descendant of its command that is orphaned (a double fork, a setsid()
+// daemon) is reparented to it rather than to init; killing "the command
+// and all its descendants" is then killing every descendant of the shim
+// until it has no child left.
+//
+// A shim serves commands one after another. After a command exits, the
+// shim reports whether it has descendants left: a clean shim goes back to
+// init's pool of idle shims (so the Go runtime start-up of the shim is not
+// paid per command); a shim with leftovers stays with them as their
+// subreaper and exits when they have all exited, or kills them when init
+// asks or closes the control socket.
+//
+// Control messages are one type byte followed by JSON.
+const (
+	shimMsgRun     = 'r' // init → shim: shimSpec, with stdin/stdout/stderr fds as SCM_RIGHTS
+	shimMsgKill    = 'k' // init → shim: kill the command's tree (or the leftovers)
+	shimMsgStarted = 's' // shim → init: shimStarted
+	shimMsgExit    = 'x' // shim → init: shimExit
+)
+
+// shimCtrlFd is the shim's control socket.
+const shimCtrlFd = 3
+
+// shimSpec is a command for the shim to run.
+type shimSpec struct {
+	Path   string   `json:"path"`
+	Argv   []string `json:"argv"`
+	Env    []string `json:"env"`
+	Dir    string   `json:"dir"`
+	UID    int      `json:"uid"`
+	GID    int      `json:"gid"`
+	Groups []int    `json:"groups"`
+}
+
+// shimStarted reports the started command's pid.
+type shimStarted struct {
+	Pid int `json:"pid"`
+}
+
+// shimExit reports how the command ended, or why it could not start.
+type shimExit struct {
+	// StartErrno is set when execve failed; nothing ran.
+	StartErrno int  `json:"start_errno,omitempty"`
+	Exited     bool `json:"exited,omitempty"`
+	Code       int  `json:"code,omitempty"`
+	Signal     int  `json:"signal,omitempty"`
+	// Reusable is true when the command left no descendants behind.
+	Reusable bool `json:"reusable"`
+}
+
+// shimMsg is a control message read by the shim.
+type shimMsg struct {
+	typ  byte
+	body []byte
+	fds  []int
+	err  error // the socket failed or reached EOF
+}
+
+// runShim is the shim process's main loop; it returns the exit code.
+func runShim() int {
+	// Commands get PR_SET_PDEATHSIG, which fires when the forking thread
+	// exits: fork only from this locked main thread.
+	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail shim: set child subreaper: %v\n", err)
+		return 1
+	}
+	// Catch (rather than ignore) termination signals: an ignored signal
+	// would stay ignored in the commands the shim starts.
+	signal.Notify(make(chan os.Signal, 1), unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+	sh := &shim{sigs: make(chan os.Signal, 1), msgs: make(chan shimMsg, 4)}
+	signal.Notify(sh.sigs, unix.SIGCHLD)
+	go sh.readCtrl()
+	for m := range sh.msgs {
+		switch {
+		case m.err != nil:
+			return 0
+		case m.typ == shimMsgRun:
+			if !sh.run(m) {
+				return 0
+			}
+		default:
+			closeFds(m.fds)
+		}
+	}
+	return 0
+}
+
+type shim struct {
+	sigs chan os.Signal
+	msgs chan shimMsg
+}
+
+// readCtrl forwards control messages to s.msgs until the socket fails.
+func (s *shim) readCtrl() {
+	buf := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(3*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(shimCtrlFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == nil && n == 0 {
+			err = fmt.Errorf("control socket closed")
+		}
+		if err != nil {
+			s.msgs <- shimMsg{err: err}
+			return
+		}
+		m := shimMsg{typ: buf[0], body: append([]byte(nil), buf[1:n]...)}
+		if oobn > 0 {
+			if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, cm := range cms {
+					if fds, err := unix.ParseUnixRights(&cm); err == nil {
+						m.fds = append(m.fds, fds...)
+					}
+				}
+			}
+		}
+		s.msgs <- m
+	}
+}
+
+// send writes one control message to init.
+func (s *shim) send(typ byte, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // the message types are fixed structs
+	}
+	if _, err := unix.Write(shimCtrlFd, append([]byte{typ}, b...)); err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail shim: report to init: %v\n", err)
+	}
+}
+
+// run starts one command and waits for it; it returns true when the shim
+// is clean and can serve another command, false when it must exit (it
+// killed or outlived leftovers, or lost init).
+func (s *shim) run(m shimMsg) bool {
+	var spec shimSpec
+	if err := json.Unmarshal(m.body, &spec); err != nil || len(m.fds) != 3 {
+		closeFds(m.fds)
+		fmt.Fprintf(os.Stderr, "agentjail shim: malformed run message (%d fds): %v\n", len(m.fds), err)
+		return false
+	}
+	groups := make([]uint32, len(spec.Groups))
+	for i, g := range spec.Groups {
+		groups[i] = uint32(g)
+	}
+	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
+		Dir:   spec.Dir,
+		Env:   spec.Env,
+		Files: []uintptr{uintptr(m.fds[0]), uintptr(m.fds[1]), uintptr(m.fds[2])},
+		Sys: &syscall.SysProcAttr{
+			Setsid:     true,
+			Pdeathsig:  syscall.SIGKILL,
+			Credential: &syscall.Credential{Uid: uint32(spec.UID), Gid: uint32(spec.GID), Groups: groups},
+		},
+	})
+	closeFds(m.fds)
+	if err != nil {
+		errno, _ := err.(syscall.Errno)
+		if errno == 0 {
+			errno = syscall.EINVAL
+		}
+		s.send(shimMsgExit, shimExit{StartErrno: int(errno), Reusable: true})
+		return true
+	}
+	s.send(shimMsgStarted, shimStarted{Pid: pid})
+
+	var status *unix.WaitStatus
+	for status == nil {
+		select {
+		case <-s.sigs:
+			status, _ = reapChildren(pid)
+		case c := <-s.msgs:
+			closeFds(c.fds)
+			if c.err != nil || c.typ == shimMsgKill {
+				status = s.killTree(pid)
+				if status == nil {
+					ws := unix.WaitStatus(unix.SIGKILL)
+					status = &ws
+				}
+				// Nothing is left below the shim: it is clean again, and
+				// reusable unless init went away.
+				s.report(*status, c.err == nil)
+				return c.err == nil
+			}
+		}
+	}
+	// The command has exited; anything still alive below the shim is a
+	// leftover it started in the background.
+	_, leftovers := reapChildren(-1)
+	s.report(*status, !leftovers)
+	if !leftovers {
+		return true
+	}
+	s.linger()
+	return false
+}
+
+// report sends the exit message for a wait status.
+func (s *shim) report(ws unix.WaitStatus, reusable bool) {
+	e := shimExit{Reusable: reusable}
+	if ws.Signaled() {
+		e.Signal = int(ws.Signal())
+	} else {
+		e.Exited, e.Code = true, ws.ExitStatus()
+	}
+	s.send(shimMsgExit, e)
+}
+
+// linger stays the subreaper of a finished command's leftovers until they
+// have all exited, or kills them when init asks or goes away.
+func (s *shim) linger() {
+	for {
+		select {
+		case <-s.sigs:
+			if _, left := reapChildren(-1); !left {
+				return
+			}
+		case c := <-s.msgs:
+			closeFds(c.fds)
+			if c.err != nil || c.typ == shimMsgKill {
+				s.killTree(-1)
+				return
+			}
+		}
+	}
+}
+
+// killTree SIGKILLs every descendant of the shim, repeatedly, until the
+// shim has no child left (descendants whose parents die are reparented to
+// the shim, so none escapes). It returns the wait status of cmdPid when it
+// reaped it.
+func (s *shim) killTree(cmdPid int) *unix.WaitStatus {
+	var status *unix.WaitStatus
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	self := os.Getpid()
+	for {
+		for _, pid := range descendants(self) {
+			killPinned(pid, self)
+		}
+		st, left := reapChildren(cmdPid)
+		if st != nil {
+			status = st
+		}
+		if !left {
+			return status
+		}
+		select {
+		case <-s.sigs:
+		case <-tick.C:
+		}
+	}
+}
+
+// reapChildren collects every exited child without blocking. It returns
+// the status of pid when it collected it, and whether children remain.
+func reapChildren(pid int) (status *unix.WaitStatus, left bool) {
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil: // ECHILD: no child at all
+			return status, false
+		case got == 0:
+			return status, true
+		case got == pid:
+			w := ws
+			status = &w
+		}
+	}
+}
+
+// descendants lists every process below root, from /proc.
+func descendants(root int) []int {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	children := make(map[int][]int)
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		if ppid := parentOf(pid); ppid > 0 {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// parentOf reads a process's parent pid from /proc (0 when unknown).
+func parentOf(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// killPinned SIGKILLs pid through a pidfd after checking, with the process
+// pinned, that it is still below root, so a pid recycled since the /proc
+// scan is never signalled.
+func killPinned(pid, root int) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	for p, depth := pid, 0; depth < 4096; depth++ {
+		pp := parentOf(p)
+		if pp == root {
+			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			return
+		}
+		if pp <= 1 {
+			return
+		}
+		p = pp
+	}
+}
+
+// closeFds closes received descriptors.
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}

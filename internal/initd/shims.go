@@ -1,0 +1,244 @@
+package initd
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// shimProc is init's handle on one shim process.
+type shimProc struct {
+	pid  int
+	ctrl *os.File // init's end of the control socket (non-blocking, pollable)
+	done chan struct{}
+	ws   unix.WaitStatus // valid once done is closed
+}
+
+// exited reports whether the shim has been reaped.
+func (p *shimProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// send writes one control message, passing fds along when given.
+func (p *shimProc) send(typ byte, v any, fds []int) error {
+	var body []byte
+	if v != nil {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("encode shim message: %w", err)
+		}
+		body = b
+	}
+	msg := append([]byte{typ}, body...)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	rc, err := p.ctrl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), msg, oob, nil, 0)
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return fmt.Errorf("write to shim %d: %w", p.pid, err)
+	}
+	if serr != nil {
+		return fmt.Errorf("write to shim %d: %w", p.pid, serr)
+	}
+	return nil
+}
+
+// recv reads one control message from the shim into buf; io errors
+// (including the shim's exit) are returned as is.
+func (p *shimProc) recv(buf []byte) (byte, []byte, error) {
+	n, err := p.ctrl.Read(buf)
+	if err != nil {
+		return 0, nil, err
+	}
+	if n == 0 {
+		return 0, nil, fmt.Errorf("shim %d sent an empty message", p.pid)
+	}
+	return buf[0], buf[1:n], nil
+}
+
+// kill asks the shim to kill its command's tree (or its leftovers).
+func (p *shimProc) kill() {
+	_ = p.send(shimMsgKill, nil, nil)
+}
+
+// shimPool starts shims and keeps a few idle ones ready.
+type shimPool struct {
+	reaper  *reaper
+	path    string
+	argv    []string
+	stderr  uintptr
+	devnull int
+
+	mu        sync.Mutex
+	idle      []*shimProc
+	spawning  bool
+	closed    bool
+	lingering map[*shimProc]struct{}
+}
+
+// maxIdleShims bounds the idle pool.
+const maxIdleShims = 2
+
+// get returns an idle shim, starting one when none is ready, and refills
+// the pool in the background.
+func (sp *shimPool) get() (*shimProc, error) {
+	sp.mu.Lock()
+	if sp.closed {
+		sp.mu.Unlock()
+		return nil, errors.New("init is shutting down")
+	}
+	var sh *shimProc
+	for len(sp.idle) > 0 && sh == nil {
+		sh = sp.idle[len(sp.idle)-1]
+		sp.idle = sp.idle[:len(sp.idle)-1]
+		if sh.exited() {
+			sh.ctrl.Close()
+			sh = nil
+		}
+	}
+	refill := len(sp.idle) == 0 && !sp.spawning
+	if refill {
+		sp.spawning = true
+	}
+	sp.mu.Unlock()
+	if refill {
+		go sp.refill()
+	}
+	if sh != nil {
+		return sh, nil
+	}
+	return sp.spawn()
+}
+
+// refill starts one idle shim.
+func (sp *shimPool) refill() {
+	sh, err := sp.spawn()
+	sp.mu.Lock()
+	sp.spawning = false
+	sp.mu.Unlock()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail init: start idle shim: %v\n", err)
+		return
+	}
+	sp.put(sh)
+}
+
+// put returns a clean shim to the pool (or lets it exit when the pool is
+// full or closed).
+func (sp *shimPool) put(sh *shimProc) {
+	sp.mu.Lock()
+	if sp.closed || len(sp.idle) >= maxIdleShims || sh.exited() {
+		sp.mu.Unlock()
+		sh.ctrl.Close() // the idle shim exits on EOF
+		return
+	}
+	sp.idle = append(sp.idle, sh)
+	sp.mu.Unlock()
+}
+
+// linger records a shim that stays with a finished command's leftovers;
+// it is dropped when the shim exits.
+func (sp *shimPool) linger(sh *shimProc) {
+	sp.mu.Lock()
+	if sp.closed {
+		sp.mu.Unlock()
+		sh.kill()
+		return
+	}
+	sp.lingering[sh] = struct{}{}
+	sp.mu.Unlock()
+	go func() {
+		<-sh.done
+		sp.mu.Lock()
+		delete(sp.lingering, sh)
+		sp.mu.Unlock()
+		sh.ctrl.Close()
+	}()
+}
+
+// spawn starts a shim process.
+func (sp *shimPool) spawn() (*shimProc, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("shim control socket: %w", err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, fmt.Errorf("shim control socket: %w", err)
+	}
+	sh := &shimProc{ctrl: os.NewFile(uintptr(fds[0]), "shim-ctrl"), done: make(chan struct{})}
+	pid, err := sp.reaper.start(func() (int, error) {
+		return syscall.ForkExec(sp.path, sp.argv, &syscall.ProcAttr{
+			Dir:   "/",
+			Env:   []string{"GOMAXPROCS=1"},
+			Files: []uintptr{uintptr(sp.devnull), sp.stderr, sp.stderr, uintptr(fds[1])},
+		})
+	}, func(ws unix.WaitStatus) {
+		sh.ws = ws
+		close(sh.done)
+	})
+	unix.Close(fds[1])
+	if err != nil {
+		sh.ctrl.Close()
+		return nil, fmt.Errorf("start shim %s: %w", sp.path, err)
+	}
+	sh.pid = pid
+	return sh, nil
+}
+
+// close stops handing out shims, lets idle shims exit and kills the
+// leftovers of lingering ones; it waits up to timeout for them to exit.
+func (sp *shimPool) close(timeout time.Duration) {
+	sp.mu.Lock()
+	sp.closed = true
+	idle := sp.idle
+	sp.idle = nil
+	var all []*shimProc
+	for sh := range sp.lingering {
+		all = append(all, sh)
+	}
+	sp.mu.Unlock()
+	for _, sh := range idle {
+		sh.ctrl.Close()
+	}
+	for _, sh := range all {
+		sh.kill()
+	}
+	deadline := time.After(timeout)
+	for _, sh := range append(idle, all...) {
+		select {
+		case <-sh.done:
+		case <-deadline:
+			return
+		}
+	}
+}
+
+// jsonUnmarshal decodes a shim message body.
+func jsonUnmarshal(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode shim message: %w", err)
+	}
+	return nil
+}

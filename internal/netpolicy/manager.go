@@ -1,0 +1,658 @@
+// Package netpolicy gives each jail exactly the network its policy allows
+// and records every connection the jail makes.
+//
+// The daemon owns a dummy interface (default "aj0") holding the daemon
+// address (the first host of the jail subnet, default 10.88.0.1), one veth
+// pair per attached jail (host side "ajv<hash of the id>", jail side
+// "eth0" with a /32 address and a default route via the daemon address),
+// and one nftables table (inet "agentjail"). Jails are routed, not
+// bridged: every packet a jail sends enters the host through its own veth,
+// so the kernel knows which jail sent it, a jail cannot spoof another's
+// address, and jail-to-jail traffic passes the forward hook where
+// inter-jail rules apply.
+//
+// In the kernel (the table is rebuilt in one transaction on every change):
+// a jail reaches only the daemon's DNS and proxies on the daemon address;
+// its TCP 80/443 to anywhere outside the jail subnet is redirected to the
+// transparent proxy, which decides by the Host header or TLS SNI; its DNS
+// to any server is redirected to the daemon's resolver, which answers
+// NXDOMAIN for names outside the policy. In bridge mode, IP/CIDR rules
+// also let the jail connect directly (masqueraded). Everything else is
+// refused with a TCP reset or an ICMP administratively-prohibited error,
+// and logged (nflog) so the refusal appears in the record.
+//
+// The daemon side listens on the daemon address only: DNS (53), the
+// transparent HTTP and TLS proxies, an explicit HTTP proxy (absolute URI
+// and CONNECT, 3128) and SOCKS5 (CONNECT, 1080). With TLS inspection the
+// proxy terminates TLS with leaf certificates of the daemon's CA (made
+// once, DataDir/ca), records each request, and adds credential headers
+// bound to the destination host.
+package netpolicy
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+)
+
+// Network modes (the jail config's network.mode).
+const (
+	// ModeNone leaves the jail with loopback only.
+	ModeNone = "none"
+	// ModeIsolated (the default) gives the jail loopback plus the policy
+	// egress path: the daemon's DNS and proxies, nothing else.
+	ModeIsolated = "isolated"
+	// ModeBridge adds direct, masqueraded connections to what IP/CIDR
+	// rules allow.
+	ModeBridge = "bridge"
+	// ModeHost shares the host's network (no policy); only with
+	// Options.AllowHostMode.
+	ModeHost = "host"
+)
+
+// Resolver resolves host names for the daemon's DNS and proxies.
+// *net.Resolver implements it.
+type Resolver interface {
+	// LookupNetIP returns the addresses of host; network is "ip", "ip4"
+	// or "ip6".
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Options configure a Manager.
+type Options struct {
+	// DataDir holds the CA (DataDir/ca/ca.pem and ca-key.pem, the key
+	// 0600), made on first use.
+	DataDir string
+	// Subnet is the jail network (default 10.88.0.0/16, IPv4). Its first
+	// host is the daemon address.
+	Subnet string
+	// Prefix names what the manager owns (default "aj"): the dummy
+	// interface <prefix>0, the veths <prefix>v<hash>, and the nftables
+	// table "agentjail" (for the default prefix) or "agentjail_<prefix>".
+	// Two managers on one host need distinct prefixes and subnets.
+	Prefix string
+	// AllowHostMode permits ModeHost.
+	AllowHostMode bool
+	// Resolver resolves names upstream (default net.DefaultResolver).
+	Resolver Resolver
+	// UpstreamRoots verifies upstream servers of inspected TLS
+	// connections (default: the system roots).
+	UpstreamRoots *x509.CertPool
+	// Record receives every connection attempt, DNS answer and HTTP
+	// request, allowed or refused. It is called from many goroutines and
+	// must not block for long.
+	Record func(jailID string, ev ConnEvent)
+	// Log receives operational messages (default slog.Default()).
+	Log *slog.Logger
+}
+
+// Jail is what Attach needs to know about a jail.
+type Jail struct {
+	ID   string
+	Name string
+	// NetnsPath is the jail's network namespace (a bind mount). Unused in
+	// ModeHost.
+	NetnsPath string
+	// Mode is one of the Mode constants ("" is ModeIsolated).
+	Mode   string
+	Policy Policy
+}
+
+// Attachment is what the jail needs to use its network.
+type Attachment struct {
+	// IP is the jail's address (invalid in ModeNone and ModeHost).
+	IP netip.Addr
+	// Gateway is the daemon address: DNS server and proxy host.
+	Gateway netip.Addr
+	// Interface is the host side of the jail's veth.
+	Interface string
+	// Env are the variables to set in the jail (proxies; with TLS
+	// inspection or credentials, the CA bundle variables).
+	Env map[string]string
+	// ResolvConf is the content of the jail's /etc/resolv.conf.
+	ResolvConf string
+	// CAPEM is the daemon CA certificate to install in the jail's trust
+	// store, and CAPath where Env expects it inside the jail.
+	CAPEM  []byte
+	CAPath string
+	// HostNetwork is true in ModeHost: the jail must use the host's
+	// network namespace, and no policy applies.
+	HostNetwork bool
+}
+
+// JailCAPath is where the jail is expected to find the daemon CA.
+const JailCAPath = "/etc/ssl/certs/agentjail-ca.pem"
+
+// servicePorts are the daemon's ports on the daemon address.
+type servicePorts struct {
+	DNS, HTTP, TLS, Proxy, SOCKS int
+}
+
+func (p servicePorts) tcp() []int { return []int{p.DNS, p.HTTP, p.TLS, p.Proxy, p.SOCKS} }
+
+var defaultPorts = servicePorts{DNS: 53, HTTP: 15001, TLS: 15002, Proxy: 3128, SOCKS: 1080}
+
+// jailState is one attached jail.
+type jailState struct {
+	id, name, mode string
+	veth           string
+	ip             netip.Addr
+	netnsPath      string
+	netnsIno       uint64
+
+	mu     sync.Mutex
+	policy *compiledPolicy
+	limits *limiter
+	up     *upstream
+}
+
+func (js *jailState) pol() *compiledPolicy {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	return js.policy
+}
+
+// Manager attaches policies to jails' network namespaces. Its methods are
+// safe for concurrent use.
+type Manager struct {
+	o       Options
+	log     *slog.Logger
+	subnet  netip.Prefix
+	daemon  netip.Addr
+	dummy   string
+	table   string
+	group   uint16
+	ports   servicePorts
+	ca      *authority
+	closing chan struct{}
+	wg      sync.WaitGroup
+
+	srv *services
+
+	mu    sync.Mutex // guards jails, byIP and the kernel state
+	jails map[string]*jailState
+	byIP  map[netip.Addr]*jailState
+
+	hostMu    sync.Mutex
+	hostAddrs []netip.Prefix
+	hostAt    time.Time
+}
+
+func (o *Options) defaults() (netip.Prefix, error) {
+	if o.Subnet == "" {
+		o.Subnet = "10.88.0.0/16"
+	}
+	if o.Prefix == "" {
+		o.Prefix = "aj"
+	}
+	if len(o.Prefix) > 5 {
+		return netip.Prefix{}, errdefs.Invalidf("prefix %q: longer than 5 characters", o.Prefix)
+	}
+	if o.Resolver == nil {
+		o.Resolver = net.DefaultResolver
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	p, err := netip.ParsePrefix(o.Subnet)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 24 {
+		return netip.Prefix{}, errdefs.Invalidf("subnet %q: want an IPv4 CIDR of /24 or wider", o.Subnet)
+	}
+	return p.Masked(), nil
+}
+
+func tableName(prefix string) string {
+	if prefix == "aj" {
+		return "agentjail"
+	}
+	return "agentjail_" + prefix
+}
+
+// New sets up the daemon side: the dummy interface with the daemon
+// address, an empty nftables table, the CA, and the DNS server and
+// proxies listening on the daemon address. Leftovers of a previous run
+// with the same Options (veths, table) are removed first. It fails, having
+// released what it made, if any of that cannot be done (root is needed).
+func New(ctx context.Context, o Options) (*Manager, error) {
+	subnet, err := o.defaults()
+	if err != nil {
+		return nil, err
+	}
+	if o.DataDir == "" {
+		return nil, errdefs.Invalidf("data dir: empty")
+	}
+	m := &Manager{
+		o: o, log: o.Log, subnet: subnet, daemon: subnet.Addr().Next(),
+		dummy: o.Prefix + "0", table: tableName(o.Prefix), ports: defaultPorts,
+		closing: make(chan struct{}),
+		jails:   map[string]*jailState{}, byIP: map[netip.Addr]*jailState{},
+	}
+	h := fnv.New32a()
+	h.Write([]byte(o.Prefix))
+	m.group = uint16(0x6a00 | h.Sum32()&0xff)
+	if m.ca, err = loadOrCreateCA(filepath.Join(o.DataDir, "ca")); err != nil {
+		return nil, err
+	}
+	if err := teardown(o.Prefix); err != nil {
+		return nil, err
+	}
+	if err := m.setupDummy(); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			m.stopServices()
+			_ = teardown(o.Prefix)
+		}
+	}()
+	if err := m.applyLocked(); err != nil {
+		return nil, err
+	}
+	if err := m.startServices(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return m, nil
+}
+
+func (m *Manager) setupDummy() error {
+	d := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: m.dummy}}
+	if err := netlink.LinkAdd(d); err != nil {
+		return fmt.Errorf("creating interface %s: %w", m.dummy, err)
+	}
+	link, err := netlink.LinkByName(m.dummy)
+	if err != nil {
+		return fmt.Errorf("interface %s: %w", m.dummy, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: m.daemon.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	if err := netlink.AddrReplace(link, addr); err != nil {
+		netlink.LinkDel(link)
+		return fmt.Errorf("address %s on %s: %w", m.daemon, m.dummy, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		netlink.LinkDel(link)
+		return fmt.Errorf("bringing up %s: %w", m.dummy, err)
+	}
+	return nil
+}
+
+// Teardown removes everything a manager with Options o owns on this host:
+// its nftables table, its veths and its dummy interface. It is for crash
+// recovery and uninstalling; it does not stop a running Manager (use
+// Close). It is idempotent.
+func Teardown(o Options) error {
+	if _, err := o.defaults(); err != nil {
+		return err
+	}
+	return teardown(o.Prefix)
+}
+
+func teardown(prefix string) error {
+	var errs []error
+	if err := deleteTable(tableName(prefix)); err != nil && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("listing interfaces: %w", err)
+	}
+	for _, l := range links {
+		n := l.Attrs().Name
+		if n == prefix+"0" || strings.HasPrefix(n, prefix+"v") && len(n) == len(prefix)+9 {
+			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("deleting interface %s: %w", n, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// vethName is the host side of a jail's veth: the prefix, "v" and eight
+// hex digits of a hash of the id.
+func vethName(prefix, id string) string {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return fmt.Sprintf("%sv%08x", prefix, h.Sum32())
+}
+
+// Attach gives the jail its network according to j.Mode and applies
+// j.Policy. Attaching an id that is attached already is a conflict;
+// attaching a namespace that still holds an eth0 (a jail recovered after
+// a daemon restart) replaces it. On error nothing is left behind.
+func (m *Manager) Attach(ctx context.Context, j Jail) (Attachment, error) {
+	if j.ID == "" {
+		return Attachment{}, errdefs.Invalidf("jail id: empty")
+	}
+	if j.Mode == "" {
+		j.Mode = ModeIsolated
+	}
+	cp, err := compile(j.Policy)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("jail %s network policy: %w", j.ID, err)
+	}
+	switch j.Mode {
+	case ModeNone:
+		return Attachment{ResolvConf: "# no network\n"}, nil
+	case ModeHost:
+		if !m.o.AllowHostMode {
+			return Attachment{}, errdefs.Forbiddenf("network mode %q: the daemon was not started with host networking allowed", ModeHost)
+		}
+		return Attachment{HostNetwork: true}, nil
+	case ModeIsolated, ModeBridge:
+	default:
+		return Attachment{}, errdefs.Invalidf("network mode %q: want none, isolated, bridge or host", j.Mode)
+	}
+	if j.NetnsPath == "" {
+		return Attachment{}, errdefs.Invalidf("jail %s: netns path empty", j.ID)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(j.NetnsPath, &st); err != nil {
+		return Attachment{}, errdefs.Wrap(errdefs.ErrNotFound, err, "jail %s netns %s", j.ID, j.NetnsPath)
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.jails[j.ID]; ok {
+		return Attachment{}, errdefs.Conflictf("jail %s: network already attached", j.ID)
+	}
+	ip, err := m.allocIP()
+	if err != nil {
+		return Attachment{}, err
+	}
+	js := &jailState{id: j.ID, name: j.Name, mode: j.Mode, veth: vethName(m.o.Prefix, j.ID),
+		ip: ip, netnsPath: j.NetnsPath, netnsIno: st.Ino, policy: cp}
+	js.limits = newLimiter(j.Policy.RequestsPerMinute, j.Policy.BytesPerHour)
+	js.up = m.newUpstream(js)
+	if err := m.plumb(js); err != nil {
+		js.up.close()
+		return Attachment{}, fmt.Errorf("jail %s network: %w", j.ID, err)
+	}
+	m.jails[j.ID] = js
+	m.byIP[ip] = js
+	if err := m.applyLocked(); err != nil {
+		delete(m.jails, j.ID)
+		delete(m.byIP, ip)
+		m.unplumb(js)
+		js.up.close()
+		return Attachment{}, fmt.Errorf("jail %s network: %w", j.ID, err)
+	}
+	return m.attachment(js, cp), nil
+}
+
+func (m *Manager) attachment(js *jailState, cp *compiledPolicy) Attachment {
+	proxy := fmt.Sprintf("http://%s:%d", m.daemon, m.ports.Proxy)
+	env := map[string]string{
+		"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
+		"ALL_PROXY": fmt.Sprintf("socks5h://%s:%d", m.daemon, m.ports.SOCKS),
+		"NO_PROXY":  "localhost,127.0.0.1,::1",
+	}
+	env["all_proxy"] = env["ALL_PROXY"]
+	env["no_proxy"] = env["NO_PROXY"]
+	if cp.src.TLSInspection || len(cp.src.Credentials) > 0 {
+		for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"} {
+			env[k] = JailCAPath
+		}
+	}
+	return Attachment{
+		IP: js.ip, Gateway: m.daemon, Interface: js.veth, Env: env,
+		ResolvConf: fmt.Sprintf("nameserver %s\noptions ndots:0\n", m.daemon),
+		CAPEM:      m.ca.certPEM, CAPath: JailCAPath,
+	}
+}
+
+// allocIP returns the lowest free jail address. m.mu is held.
+func (m *Manager) allocIP() (netip.Addr, error) {
+	for a := m.daemon.Next(); m.subnet.Contains(a); a = a.Next() {
+		if _, used := m.byIP[a]; !used && a.Next().IsValid() && m.subnet.Contains(a.Next()) {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, errdefs.Unavailablef("jail subnet %s: no free address", m.subnet)
+}
+
+// plumb makes the veth pair, addresses and routes of js.
+func (m *Manager) plumb(js *jailState) (err error) {
+	ns, err := netns.GetFromPath(js.netnsPath)
+	if err != nil {
+		return fmt.Errorf("opening netns %s: %w", js.netnsPath, err)
+	}
+	defer ns.Close()
+	nh, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns %s: %w", js.netnsPath, err)
+	}
+	defer nh.Delete()
+	if old, err := nh.LinkByName("eth0"); err == nil {
+		if err := nh.LinkDel(old); err != nil {
+			return fmt.Errorf("removing stale eth0 in %s: %w", js.netnsPath, err)
+		}
+	}
+	if old, err := netlink.LinkByName(js.veth); err == nil {
+		netlink.LinkDel(old)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: js.veth}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("creating veth %s: %w", js.veth, err)
+	}
+	defer func() {
+		if err != nil {
+			m.unplumb(js)
+		}
+	}()
+	host, err := netlink.LinkByName(js.veth)
+	if err != nil {
+		return fmt.Errorf("veth %s: %w", js.veth, err)
+	}
+	if err := writeSysctl("net/ipv6/conf/"+js.veth+"/disable_ipv6", "1"); err != nil {
+		return err
+	}
+	if err := writeSysctl("net/ipv4/conf/"+js.veth+"/forwarding", "1"); err != nil {
+		return err
+	}
+	if js.mode == ModeBridge {
+		if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+			return err
+		}
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("bringing up %s: %w", js.veth, err)
+	}
+	hostRoute := &netlink.Route{LinkIndex: host.Attrs().Index, Scope: netlink.SCOPE_LINK,
+		Dst: &net.IPNet{IP: js.ip.AsSlice(), Mask: net.CIDRMask(32, 32)}, Src: m.daemon.AsSlice()}
+	if err := netlink.RouteReplace(hostRoute); err != nil {
+		return fmt.Errorf("route to %s via %s: %w", js.ip, js.veth, err)
+	}
+	if err := inNetns(js.netnsPath, func() error {
+		return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1")
+	}); err != nil {
+		return err
+	}
+	peer, err := nh.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0 in %s: %w", js.netnsPath, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: js.ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	if err := nh.AddrReplace(peer, addr); err != nil {
+		return fmt.Errorf("address %s on eth0: %w", js.ip, err)
+	}
+	if err := nh.LinkSetUp(peer); err != nil {
+		return fmt.Errorf("bringing up eth0 in %s: %w", js.netnsPath, err)
+	}
+	gw := &net.IPNet{IP: m.daemon.AsSlice(), Mask: net.CIDRMask(32, 32)}
+	if err := nh.RouteReplace(&netlink.Route{LinkIndex: peer.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: gw}); err != nil {
+		return fmt.Errorf("route to %s in %s: %w", m.daemon, js.netnsPath, err)
+	}
+	if err := nh.RouteReplace(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: m.daemon.AsSlice()}); err != nil {
+		return fmt.Errorf("default route in %s: %w", js.netnsPath, err)
+	}
+	return nil
+}
+
+// unplumb deletes the jail's veth pair (its routes go with it).
+func (m *Manager) unplumb(js *jailState) {
+	if l, err := netlink.LinkByName(js.veth); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			m.log.Warn("deleting veth", "veth", js.veth, "err", err)
+		}
+	}
+}
+
+// Update replaces the policy of an attached jail. New connections obey
+// it at once; the rate-limit budgets carry over when the limits are
+// unchanged.
+func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
+	cp, err := compile(p)
+	if err != nil {
+		return fmt.Errorf("jail %s network policy: %w", jailID, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	js, ok := m.jails[jailID]
+	if !ok {
+		return errdefs.NotFoundf("jail %s: no network attached", jailID)
+	}
+	js.mu.Lock()
+	old := js.policy
+	js.policy = cp
+	if old.src.RequestsPerMinute != p.RequestsPerMinute || old.src.BytesPerHour != p.BytesPerHour {
+		js.limits = newLimiter(p.RequestsPerMinute, p.BytesPerHour)
+	}
+	js.mu.Unlock()
+	if err := m.applyLocked(); err != nil {
+		js.mu.Lock()
+		js.policy = old
+		js.mu.Unlock()
+		return fmt.Errorf("jail %s network policy: %w", jailID, err)
+	}
+	js.up.transport.CloseIdleConnections()
+	return nil
+}
+
+// Detach removes the jail's veth, routes, kernel rules and state. It is
+// idempotent: detaching an unknown id succeeds.
+func (m *Manager) Detach(ctx context.Context, jailID string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	js, ok := m.jails[jailID]
+	if !ok {
+		// A jail of a previous daemon run may still own a veth.
+		if l, err := netlink.LinkByName(vethName(m.o.Prefix, jailID)); err == nil {
+			if err := netlink.LinkDel(l); err != nil {
+				return fmt.Errorf("jail %s: deleting veth: %w", jailID, err)
+			}
+		}
+		return nil
+	}
+	delete(m.jails, jailID)
+	delete(m.byIP, js.ip)
+	err := m.applyLocked()
+	m.unplumb(js)
+	js.up.close()
+	if err != nil {
+		return fmt.Errorf("jail %s network: %w", jailID, err)
+	}
+	return nil
+}
+
+// Close stops the daemon's services and removes everything the manager
+// made (veths, dummy interface, table). Jails still attached lose their
+// network.
+func (m *Manager) Close() error {
+	select {
+	case <-m.closing:
+		return nil
+	default:
+	}
+	close(m.closing)
+	m.stopServices()
+	m.mu.Lock()
+	for id, js := range m.jails {
+		js.up.close()
+		delete(m.jails, id)
+	}
+	m.byIP = map[netip.Addr]*jailState{}
+	m.mu.Unlock()
+	m.wg.Wait()
+	return teardown(m.o.Prefix)
+}
+
+// applyLocked rebuilds the kernel table from the attached jails. m.mu is
+// held (or the manager is not shared yet).
+func (m *Manager) applyLocked() error {
+	rs := &ruleset{table: m.table, prefix: m.o.Prefix + "v", subnet: m.subnet, daemon: m.daemon,
+		group: m.group, ports: m.ports}
+	for _, p := range protectedRanges {
+		if p.Addr().Is4() {
+			rs.protected = append(rs.protected, p)
+		}
+	}
+	ids := make([]string, 0, len(m.jails))
+	for id := range m.jails {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		js := m.jails[id]
+		rs.jails = append(rs.jails, jailRules{id: js.id, name: js.name, veth: js.veth, ip: js.ip, mode: js.mode, policy: js.pol()})
+	}
+	return rs.apply()
+}
+
+// jailByAddr returns the attached jail with address a.
+func (m *Manager) jailByAddr(a netip.Addr) *jailState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byIP[a.Unmap()]
+}
+
+// extraProtected returns the protected ranges known at run time: the
+// jail subnet and the host's own addresses (cached for a few seconds).
+func (m *Manager) extraProtected() []netip.Prefix {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	if time.Since(m.hostAt) > 5*time.Second {
+		m.hostAddrs = m.hostAddrs[:0]
+		addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+		if err != nil {
+			m.log.Warn("listing host addresses", "err", err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				ip = ip.Unmap()
+				m.hostAddrs = append(m.hostAddrs, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
+		m.hostAt = time.Now()
+	}
+	return append([]netip.Prefix{m.subnet}, m.hostAddrs...)
+}
+
+// decide evaluates the jail's current policy for t.
+func (m *Manager) decide(js *jailState, t Target) Decision {
+	return js.pol().decide(t, m.extraProtected())
+}
+
+func writeSysctl(name, value string) error {
+	if err := os.WriteFile("/proc/sys/"+name, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s: %w", strings.ReplaceAll(name, "/", "."), err)
+	}
+	return nil
+}

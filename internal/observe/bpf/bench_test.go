@@ -1,0 +1,168 @@
+package bpf
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/observe"
+)
+
+// The benchmarks run only when AGENTJAIL_BENCH=1 (they take tens of
+// seconds and measure the machine, not correctness); run them alone:
+//
+//	AGENTJAIL_BENCH=1 go test -run Bench -v ./internal/observe/bpf/
+func requireBench(t *testing.T) {
+	t.Helper()
+	if os.Getenv("AGENTJAIL_BENCH") != "1" {
+		t.Skip("set AGENTJAIL_BENCH=1 to run benchmarks")
+	}
+	requireRoot(t)
+	if sharedTracer != nil {
+		t.Fatal("benchmarks must run without the shared test tracer loaded: use -run Bench")
+	}
+}
+
+var ddCount = envInt("AGENTJAIL_BENCH_DD_COUNT", 2000000)
+
+func runTimed(t *testing.T, cg *testCgroup, name string, args ...string) time.Duration {
+	t.Helper()
+	cmd := cg.command(name, args...)
+	start := time.Now()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, b)
+	}
+	return time.Since(start)
+}
+
+// TestBenchDD compares `dd bs=1 count=2000000` untraced (no programs
+// loaded), traced in full mode into JSONL files, and under strace -f.
+func TestBenchDD(t *testing.T) {
+	requireBench(t)
+	strace := requireTool(t, "strace")
+	dd := []string{"if=/dev/zero", "of=/dev/null", "bs=1", "count=" + strconv.Itoa(ddCount)}
+
+	untraced := runTimed(t, newCgroup(t), "dd", dd...)
+
+	tr, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	cg := newCgroup(t)
+	dir := t.TempDir()
+	w, err := observe.OpenWriter(filepath.Join(dir, "events"), observe.WriterOptions{QueueChunks: envInt("AGENTJAIL_BENCH_QUEUE", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := observe.NewRecorder(w, observe.NewBus(4096))
+	var lostKernel uint64
+	counting := observe.SinkFunc(func(ev *observe.Event) {
+		if ev.Type == observe.TypeLost {
+			lostKernel += ev.Lost
+		}
+		rec.Handle(ev)
+	})
+	if err := tr.Watch(cg.id, "bench", Options{Sink: sinkWithIdle{counting, rec}}); err != nil {
+		t.Fatal(err)
+	}
+	traced := runTimed(t, cg, "dd", dd...)
+	drainStart := time.Now()
+	if err := tr.Unwatch(cg.id); err != nil {
+		t.Fatal(err)
+	}
+	drain := time.Since(drainStart)
+	if err := rec.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines, size := countLines(t, filepath.Join(dir, "events", observe.SyscallsFile))
+
+	straced := time.Duration(0)
+	if os.Getenv("AGENTJAIL_BENCH_STRACE") != "0" {
+		straced = runTimed(t, newCgroup(t), strace, append([]string{"-f", "-o", "/dev/null", "dd"}, dd...)...)
+	}
+
+	t.Logf("dd bs=1 count=%d: untraced %v | traced %v (%.2fx) | strace -f %v (%.1fx)",
+		ddCount, untraced.Round(time.Millisecond), traced.Round(time.Millisecond), float64(traced)/float64(untraced),
+		straced.Round(time.Millisecond), float64(straced)/float64(untraced))
+	t.Logf("traced run: %d syscall lines (%d MB) in syscalls.jsonl, %.2f M events/s to JSONL, drain after exit %v, lost: kernel %d, writer %d",
+		lines, size>>20, float64(lines)/(traced+drain).Seconds()/1e6, drain.Round(time.Millisecond), lostKernel, w.Dropped())
+	if lostKernel != 0 || w.Dropped() != 0 {
+		t.Errorf("events lost: kernel %d, writer %d", lostKernel, w.Dropped())
+	}
+	if lines < 2*ddCount {
+		t.Errorf("%d syscall lines, want at least %d", lines, 2*ddCount)
+	}
+}
+
+// sinkWithIdle is a Sink whose Handle and Idle come from different values.
+type sinkWithIdle struct {
+	h    observe.SinkFunc
+	idle observe.Sink
+}
+
+func (s sinkWithIdle) Handle(ev *observe.Event) { s.h(ev) }
+func (s sinkWithIdle) Idle()                    { s.idle.Idle() }
+
+func countLines(t *testing.T, path string) (int, int64) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range data {
+		if c == '\n' {
+			n++
+		}
+	}
+	return n, int64(len(data))
+}
+
+// TestBenchHostOverhead measures what a process outside every watched
+// cgroup pays per syscall while the programs are attached.
+func TestBenchHostOverhead(t *testing.T) {
+	requireBench(t)
+	const n = 3000000
+	loop := func() time.Duration {
+		best := time.Duration(1<<63 - 1)
+		for range 5 {
+			start := time.Now()
+			for range n {
+				syscall.Getppid()
+			}
+			if d := time.Since(start); d < best {
+				best = d
+			}
+		}
+		return best
+	}
+	before := loop()
+	tr, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	cg := newCgroup(t) // one watched jail, so the lookup is not against an empty map
+	if err := tr.Watch(cg.id, "other", Options{Sink: observe.SinkFunc(func(*observe.Event) {})}); err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Unwatch(cg.id)
+	after := loop()
+	per := float64(after-before) / n
+	t.Logf("getppid: %.1f ns untraced without programs, %.1f ns with programs attached: +%.1f ns per syscall",
+		float64(before)/n, float64(after)/n, per)
+	if per > 100 {
+		t.Errorf("host overhead %.1f ns per syscall, target <= 100", per)
+	}
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
