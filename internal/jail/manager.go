@@ -309,7 +309,7 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 		}
 		return nil, err
 	}
-	if err := os.Mkdir(e.dir, 0o700); err != nil {
+	if err := os.Mkdir(e.dir, 0o711); err != nil {
 		return fail(fmt.Errorf("jail dir: %w", err))
 	}
 	if err := m.persist(e); err != nil {
