@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/config"
-	"github.com/agentjail/agentjail/internal/jail"
 	"github.com/agentjail/agentjail/internal/model"
 )
 

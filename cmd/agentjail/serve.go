@@ -16,7 +16,6 @@ import (
 
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/jail"
-	"github.com/agentjail/agentjail/internal/model"
 )
 
 // shutdownGrace is how long a stopping daemon waits for requests in

@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/agentjail/agentjail/internal/jail"
 	"github.com/agentjail/agentjail/internal/model"
 )
 

@@ -3,6 +3,7 @@ package jail
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"github.com/agentjail/agentjail/internal/model"
 	"io"
 	"path"
@@ -161,7 +162,7 @@ func fileInfo(fi initproto.FileInfo) model.FileInfo {
 		Path:       fi.Path,
 		Type:       fi.Type,
 		Size:       fi.Size,
-		Mode:       fi.Mode,
+		Mode:       fmt.Sprintf("%04o", fi.Mode),
 		ModTime:    fi.ModTime,
 		UID:        fi.UID,
 		GID:        fi.GID,

@@ -1,8 +1,8 @@
 // Package netpolicy gives each jail exactly the network its policy allows
 // and records every connection the jail makes.
 //
-// The daemon owns a dummy interface (default "aj0") holding the daemon
-// address (the first host of the jail subnet, default 10.88.0.1), one veth
+// The daemon owns a bridge without ports (default "aj0"; this kernel has
+// no bridges) holding the daemon address (the first host of the jail subnet, default 10.88.0.1), one veth
 // pair per attached jail (host side "ajv<hash of the id>", jail side
 // "eth0" with a /32 address and a default route via the daemon address),
 // and one nftables table (inet "agentjail"). Jails are routed, not
@@ -225,7 +225,7 @@ func tableName(prefix string) string {
 	return "agentjail_" + prefix
 }
 
-// New sets up the daemon side: the dummy interface with the daemon
+// New sets up the daemon side: the bridge with the daemon
 // address, an empty nftables table, the CA, and the DNS server and
 // proxies listening on the daemon address. Leftovers of a previous run
 // with the same Options (veths, table) are removed first. It fails, having
@@ -274,7 +274,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 }
 
 func (m *Manager) setupDummy() error {
-	d := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: m.dummy}}
+	d := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.dummy}}
 	if err := netlink.LinkAdd(d); err != nil {
 		return fmt.Errorf("creating interface %s: %w", m.dummy, err)
 	}
@@ -295,7 +295,7 @@ func (m *Manager) setupDummy() error {
 }
 
 // Teardown removes everything a manager with Options o owns on this host:
-// its nftables table, its veths and its dummy interface. It is for crash
+// its nftables table, its veths and its bridge. It is for crash
 // recovery and uninstalling; it does not stop a running Manager (use
 // Close). It is idempotent.
 func Teardown(o Options) error {
@@ -573,7 +573,7 @@ func (m *Manager) Detach(ctx context.Context, jailID string) error {
 }
 
 // Close stops the daemon's services and removes everything the manager
-// made (veths, dummy interface, table). Jails still attached lose their
+// made (veths, bridge, table). Jails still attached lose their
 // network.
 func (m *Manager) Close() error {
 	select {

@@ -21,6 +21,7 @@ const (
 	nfulnlMsgConfig   = 1
 	nfulaCfgCmd       = 1
 	nfulaCfgMode      = 2
+	nfulaCfgQThresh   = 5
 	nfulnlCfgCmdBind  = 1
 	nfulnlCopyPacket  = 2
 	nfulaPayload      = 9
@@ -77,7 +78,8 @@ func (m *Manager) startNflog() (*nflogReader, error) {
 	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
 	mode := binary.BigEndian.AppendUint32(nil, nflogCopyRange)
 	mode = append(mode, nfulnlCopyPacket, 0)
-	for i, attr := range [][]byte{nlAttr(nfulaCfgCmd, []byte{nfulnlCfgCmdBind}), nlAttr(nfulaCfgMode, mode)} {
+	for i, attr := range [][]byte{nlAttr(nfulaCfgCmd, []byte{nfulnlCfgCmdBind}), nlAttr(nfulaCfgMode, mode),
+		nlAttr(nfulaCfgQThresh, binary.BigEndian.AppendUint32(nil, 1))} {
 		if err := nflogConfig(fd, uint32(i+1), m.group, attr); err != nil {
 			return fail(fmt.Errorf("nflog group %d: %w", m.group, err))
 		}

@@ -216,6 +216,7 @@ func (rs *ruleset) apply() error {
 
 	for _, j := range rs.jails {
 		jp := netip.PrefixFrom(j.ip, 32)
+		egress, named, in := regular("j_"+j.id), regular("n_"+j.id), regular("i_"+j.id)
 		// Anti-spoofing: a jail sends IPv4 from its own address only.
 		add(guard, rule().iif(j.veth, false).ip4().saddr(jp).accept(), rule().iif(j.veth, false).drop())
 
@@ -234,13 +235,12 @@ func (rs *ruleset) apply() error {
 			add(input, rule().iif(j.veth, false).ip4().daddr(daemon).l4(unix.IPPROTO_TCP).dport(p).accept())
 		}
 		add(input, rule().iif(j.veth, false).ip4().daddr(daemon).l4(unix.IPPROTO_UDP).dport(rs.ports.DNS).accept())
-		named := "n_" + j.id
 		if j.mode == ModeBridge {
 			// Host addresses named exactly by a rule.
 			for _, c := range slices.Concat(j.policy.alwaysAllow, j.policy.allow) {
 				if c.prefix.IsValid() && c.prefix.Addr().Is4() && c.prefix.Bits() == 32 && c.prefix != daemon {
 					for _, r := range portRules(func() *rb { return rule().iif(j.veth, false).ip4().daddr(c.prefix) }, c.Protocol, c.Ports) {
-						add(input, r.gotoC(named))
+						add(input, r.gotoC(named.Name))
 					}
 				}
 			}
@@ -248,15 +248,12 @@ func (rs *ruleset) apply() error {
 		add(input, rule().iif(j.veth, false).note(rs, j.id, false, "protected:host").refuse())
 
 		// Egress of the jail, after inter-jail rules (added below).
-		egress := regular("j_" + j.id)
-		nc := regular(named)
 		if j.mode == ModeBridge {
-			rs.bridgeEgress(add, egress, nc, j)
+			rs.bridgeEgress(add, egress, named, j)
 		} else {
 			add(egress, rule().note(rs, j.id, false, "mode:"+j.mode).refuse())
 		}
 		// Ingress from outside the host.
-		in := regular("i_" + j.id)
 		for _, c := range j.policy.ingress {
 			if !c.prefix.Addr().Is4() {
 				continue

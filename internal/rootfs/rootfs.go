@@ -220,7 +220,10 @@ func writeAtomic(path string, data []byte) error {
 }
 
 // recipeKey digests what the host tree is built from: the recipe version,
-// the host's /usr links and the metadata of every host file copied.
+// the host's /usr links and the metadata of the host entries copied (for a
+// directory its own metadata, which changes when entries are added, removed
+// or replaced, as package tools do). It costs a few dozen lstat calls, so
+// EnsureHost can run on every jail create.
 func recipeKey() (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "recipe %d\n", recipeVersion)
@@ -233,21 +236,12 @@ func recipeKey() (string, error) {
 		return "", err
 	}
 	for _, src := range srcs {
-		err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return nil // vanished or unreadable: the build skips it too
-			}
-			fi, err := d.Info()
-			if err != nil {
-				return nil
-			}
-			t, _ := os.Readlink(p)
-			fmt.Fprintf(h, "%s %o %d %d %s\n", p, fi.Mode(), fi.Size(), fi.ModTime().UnixNano(), t)
-			return nil
-		})
+		fi, err := os.Lstat(src)
 		if err != nil {
-			return "", fmt.Errorf("rootfs: %w", err)
+			continue // vanished: the build skips it too
 		}
+		t, _ := os.Readlink(src)
+		fmt.Fprintf(h, "%s %o %d %d %s\n", src, fi.Mode(), fi.Size(), fi.ModTime().UnixNano(), t)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }

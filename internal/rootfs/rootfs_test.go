@@ -246,3 +246,16 @@ func TestHostMounts(t *testing.T) {
 		t.Fatalf("HostMounts: %+v", m)
 	}
 }
+
+func BenchmarkEnsureHostCached(b *testing.B) {
+	dataDir := b.TempDir()
+	if _, err := EnsureHost(dataDir); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := EnsureHost(dataDir); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

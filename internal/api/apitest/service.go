@@ -18,7 +18,6 @@ import (
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
-	"github.com/agentjail/agentjail/internal/jail"
 	"github.com/agentjail/agentjail/internal/model"
 )
 

@@ -1,49 +1,53 @@
 package bpf
 
 import (
+	"runtime"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 )
 
-func loopGetppid() float64 {
-	const n = 2000000
-	best := time.Duration(1<<63 - 1)
-	for range 5 {
-		start := time.Now()
+func loopCPU() float64 {
+	const n = 1000000
+	best := 1e18
+	for range 3 {
+		var ts unix.Timespec
+		unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+		start := ts.Nano()
 		for range n {
 			syscall.Getppid()
 		}
-		if d := time.Since(start); d < best {
-			best = d
-		}
+		unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+		best = min(best, float64(ts.Nano()-start)/n)
 	}
-	return float64(best) / n
+	return best
 }
 
 func TestExpOverhead(t *testing.T) {
-	base := loopGetppid()
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.RawTracepoint, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
-	if err != nil { t.Fatal(err) }
-	l1, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sys_enter", Program: prog})
-	if err != nil { t.Fatal(err) }
-	l2, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sys_exit", Program: prog})
-	if err != nil { t.Fatal(err) }
-	raw := loopGetppid()
-	l1.Close(); l2.Close()
-	base2 := loopGetppid()
+	runtime.LockOSThread()
+	base := loopCPU()
 	spec, _ := loadObserve()
 	var objs observeObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil { t.Fatal(err) }
 	defer objs.Close()
-	a, _ := link.AttachTracing(link.TracingOptions{Program: objs.SysEnter, AttachType: ebpf.AttachTraceRawTp})
-	b, _ := link.AttachTracing(link.TracingOptions{Program: objs.SysExit, AttachType: ebpf.AttachTraceRawTp})
-	ours := loopGetppid()
-	a.Close(); b.Close()
-	t.Logf("base %.1f, empty raw_tp %.1f, base again %.1f, ours (tp_btf) %.1f ns", base, raw, base2, ours)
+	var ls []link.Link
+	for _, p := range []*ebpf.Program{objs.SysEnter, objs.SysExit} {
+		l, _ := link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceRawTp})
+		ls = append(ls, l)
+	}
+	two := loopCPU()
+	for _, p := range []*ebpf.Program{objs.SchedFork, objs.SchedExec, objs.SchedExit} {
+		l, _ := link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceRawTp})
+		ls = append(ls, l)
+	}
+	five := loopCPU()
+	rd, _ := ringbuf.NewReader(objs.Events)
+	withrd := loopCPU()
+	rd.Close()
+	for _, l := range ls { l.Close() }
+	t.Logf("base %.1f, sys progs %.1f, +sched %.1f, +reader %.1f, base again %.1f", base, two, five, withrd, loopCPU())
 }

@@ -1,0 +1,202 @@
+package netpolicy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestInterJailAndBridge(t *testing.T) {
+	e := setup(t)
+	p := basePolicy()
+	p.Allow = append(p.Allow, Rule{Destination: inetA.String() + "/32", Ports: []int{7}, Protocol: ProtoTCP},
+		Rule{Destination: "169.254.169.254", Ports: []int{8080}})
+	p.Block = append(p.Block, Rule{Destination: "198.18.0.0/24", Ports: []int{7}, Protocol: ProtoUDP})
+	a := attach(t, e.m, "alpha", ModeBridge, p)
+	b := attach(t, e.m, "beta", ModeIsolated, basePolicy())
+
+	// Bridge mode: direct connections where an IP rule allows.
+	if got := a.connect(t, inetA.String(), 7); got != "connected ping" {
+		t.Errorf("bridge: allowed direct tcp: %s", got)
+	}
+	if got := a.connect(t, inetB.String(), 7); got != "refused" {
+		t.Errorf("bridge: direct tcp to an address no rule names: %s, want refused", got)
+	}
+	if got := a.connect(t, metadata.String(), 8080, true); got != "connected" {
+		t.Errorf("bridge: metadata named by a rule: %s", got)
+	}
+	if got := a.connect(t, metadata.String(), 7, true); got != "refused" {
+		t.Errorf("bridge: metadata port 7 (no rule names it): %s", got)
+	}
+	if got := b.connect(t, inetA.String(), 7); got != "refused" {
+		t.Errorf("isolated: direct tcp: %s, want refused", got)
+	}
+	e.rec.wait(t, a.id, "kernel allow", func(ev ConnEvent) bool {
+		return ev.Via == ViaKernel && ev.Verdict == VerdictAllow && ev.Dst == inetA.String()+":7"
+	})
+
+	// Inter-jail: a server in beta, denied until a rule allows the pair.
+	srv := exec.Command("ip", "netns", "exec", b.ns, python, "-u", "-c", `
+import http.server, sys
+s = http.server.HTTPServer((sys.argv[1], 8000), http.server.SimpleHTTPRequestHandler)
+print("ready", flush=True)
+s.serve_forever()
+`, b.att.IP.String())
+	out, _ := srv.StdoutPipe()
+	srv.Dir = t.TempDir()
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	ready := make(chan bool, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		ready <- strings.HasPrefix(line, "ready")
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatal("server in beta did not start")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("server in beta did not start")
+	}
+	url := fmt.Sprintf("http://%s:8000/", b.att.IP)
+	if s, c := a.curl(t, nil, url); c != 7 {
+		t.Errorf("inter-jail before a rule: %s exit %d, want 7 (refused)", s, c)
+	}
+	e.rec.wait(t, a.id, "inter-jail refusal", func(ev ConnEvent) bool {
+		return ev.Dir == "inter_jail" && ev.Verdict == VerdictBlock && ev.Rule == "inter_jail:default"
+	})
+	p.InterJail = []InterJailRule{{From: "al*", To: "beta", Ports: []int{8000}, Allow: true}}
+	if err := e.m.Update(context.Background(), a.id, p); err != nil {
+		t.Fatal(err)
+	}
+	if s, c := a.curl(t, nil, url); s != "200" {
+		t.Errorf("inter-jail with a rule: %s exit %d, want 200", s, c)
+	}
+	if s, c := b.curl(t, nil, fmt.Sprintf("http://%s:8000/", a.att.IP)); c != 7 {
+		t.Errorf("reverse direction: %s exit %d, want refused", s, c)
+	}
+	// A deny rule in the destination's policy wins.
+	bp := basePolicy()
+	bp.InterJail = []InterJailRule{{From: "*", To: "beta", Allow: false}}
+	if err := e.m.Update(context.Background(), b.id, bp); err != nil {
+		t.Fatal(err)
+	}
+	if s, c := a.curl(t, nil, url); c != 7 {
+		t.Errorf("inter-jail denied by the destination: %s exit %d", s, c)
+	}
+}
+
+func TestTLSInspectionAndCredentials(t *testing.T) {
+	e := setup(t)
+	p := basePolicy()
+	p.TLSInspection = true
+	p.Credentials = []Credential{{Host: "api.test", Header: "X-Api-Key", Value: secret}}
+	j := attach(t, e.m, "inspect", ModeIsolated, p)
+
+	env := map[string]string{}
+	for k, v := range j.att.Env {
+		if v == JailCAPath {
+			v = e.caJF
+		}
+		env[k] = v
+	}
+	for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"} {
+		if env[k] == "" {
+			t.Errorf("attachment env lacks %s", k)
+		}
+	}
+	caEnv := map[string]string{"SSL_CERT_FILE": e.caJF}
+	if s, c := j.curl(t, caEnv, "https://api.test/v1/models?x=1"); s != "200" {
+		t.Fatalf("inspected https: %s exit %d", s, c)
+	}
+	if !e.in.sawHeader("X-Api-Key", secret) {
+		t.Error("the test server did not get the injected header")
+	}
+	ev := e.rec.wait(t, j.id, "inspected request", func(ev ConnEvent) bool {
+		return ev.Proto == "https" && ev.Inspected && ev.Path == "/v1/models" && ev.Method == "GET" && ev.Status == 200 && ev.Host == "api.test"
+	})
+	if ev.BytesIn == 0 {
+		t.Errorf("no bytes recorded: %+v", ev)
+	}
+	// Python trusts the CA through the variables too, via the explicit proxy.
+	pyEnv := map[string]string{"SSL_CERT_FILE": e.caJF, "https_proxy": env["https_proxy"]}
+	out, _ := j.exec(t, pyEnv, python, "-c", `
+import urllib.request
+print(urllib.request.urlopen("https://allowed.test/py-path", timeout=8).status)`)
+	if strings.TrimSpace(out) != "200" {
+		t.Errorf("python over CONNECT with inspection: %s", out)
+	}
+	e.rec.wait(t, j.id, "python request", func(ev ConnEvent) bool {
+		return ev.Inspected && ev.Path == "/py-path" && ev.Status == 200
+	})
+	// The header goes to api.test only.
+	e.in.mu.Lock()
+	e.in.headers = nil
+	e.in.mu.Unlock()
+	j.curl(t, caEnv, "https://allowed.test/")
+	if e.in.sawHeader("X-Api-Key", secret) {
+		t.Error("credential sent to another host")
+	}
+	// A client that does not trust the CA fails, and the failure is recorded.
+	if s, c := j.curl(t, nil, "https://allowed.test/untrusted"); c != 60 {
+		t.Errorf("untrusting client: %s exit %d, want 60 (certificate problem)", s, c)
+	}
+	e.rec.wait(t, j.id, "inspection failure", func(ev ConnEvent) bool {
+		return ev.Verdict == VerdictError && ev.Rule == "tls_inspection" && strings.Contains(ev.Error, "agentjail CA")
+	})
+
+	// The secret never reaches the jail: its environment, its processes'
+	// environ, what the daemon gives it, or the record.
+	envOut, _ := j.exec(t, env, "env")
+	if strings.Contains(envOut, secret) {
+		t.Error("secret in the jail's env")
+	}
+	sleeper := exec.Command("ip", "netns", "exec", j.ns, "sleep", "30")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	nsLink, _ := os.Readlink(filepath.Join("/proc", fmt.Sprint(sleeper.Process.Pid), "ns", "net"))
+	deadline := time.Now().Add(5 * time.Second)
+	for nsLink == "" || !strings.HasPrefix(nsLink, "net:") {
+		if time.Now().After(deadline) {
+			t.Fatal("no process in the jail netns")
+		}
+		time.Sleep(10 * time.Millisecond)
+		nsLink, _ = os.Readlink(filepath.Join("/proc", fmt.Sprint(sleeper.Process.Pid), "ns", "net"))
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	checked := 0
+	for _, p := range procs {
+		if l, _ := os.Readlink(p + "/ns/net"); l != nsLink || l == "" {
+			continue
+		}
+		data, err := os.ReadFile(p + "/environ")
+		if err != nil {
+			continue
+		}
+		checked++
+		if strings.Contains(string(data), secret) {
+			t.Errorf("secret in %s/environ", p)
+		}
+	}
+	if checked == 0 {
+		t.Error("found no jail process to check")
+	}
+	att := fmt.Sprintf("%+v", j.att)
+	if strings.Contains(att, secret) {
+		t.Error("secret in the attachment")
+	}
+	if strings.Contains(e.rec.dump(), secret) {
+		t.Error("secret in the record")
+	}
+}
