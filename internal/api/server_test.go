@@ -177,7 +177,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"trailing data", `{} {}`, "", 400, "invalid_argument", "after"},
 		{"empty", ``, "", 400, "invalid_argument", "empty"},
 		{"yaml unknown key", "isolation:\n  netwrk: {}\n", "application/yaml", 400, "invalid_argument", "netwrk"},
-		{"bad content type", `{}`, "text/plain", 400, "invalid_argument", "text/plain"},
+		{"malformed content type", `{}`, "text/plain; charset=\"", 400, "invalid_argument", "Content-Type"},
 		{"bad name", `{"name":"-x"}`, "", 422, "unprocessable", "name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

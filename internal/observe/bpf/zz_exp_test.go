@@ -4,6 +4,9 @@ import (
 	"runtime"
 	"syscall"
 	"testing"
+	"time"
+	"errors"
+	"os"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -47,6 +50,17 @@ func TestExpOverhead(t *testing.T) {
 	five := loopCPU()
 	rd, _ := ringbuf.NewReader(objs.Events)
 	withrd := loopCPU()
+	go func() {
+		var rec ringbuf.Record
+		for {
+			rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
+			if err := rd.ReadInto(&rec); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				return
+			}
+		}
+	}()
+	withloop := loopCPU()
+	t.Logf("reader loop %.1f", withloop)
 	rd.Close()
 	for _, l := range ls { l.Close() }
 	t.Logf("base %.1f, sys progs %.1f, +sched %.1f, +reader %.1f, base again %.1f", base, two, five, withrd, loopCPU())
