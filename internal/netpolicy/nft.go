@@ -296,6 +296,8 @@ func (rs *ruleset) apply() error {
 	for _, j := range rs.jails {
 		add(forward, rule().iif(j.veth, false).oif(rs.prefix, true, expr.CmpOpEq).note(rs, j.id, false, "inter_jail:default").refuse())
 		add(forward, rule().iif(j.veth, false).jump("j_"+j.id))
+	}
+	for _, j := range rs.jails {
 		add(forward, rule().oif(j.veth, false, expr.CmpOpEq).jump("i_"+j.id))
 	}
 	// Interfaces of ours that no attached jail owns: nothing passes.

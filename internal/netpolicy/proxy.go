@@ -516,6 +516,8 @@ func (m *Manager) newUpstream(js *jailState) *upstream {
 		TLSHandshakeTimeout:   15 * time.Second,
 		ResponseHeaderTimeout: 5 * time.Minute,
 		DisableCompression:    true,
+		ReadBufferSize:        64 << 10,
+		WriteBufferSize:       64 << 10,
 	}
 	return &upstream{transport: t}
 }
@@ -527,6 +529,9 @@ func (js *jailState) limiter() *limiter {
 	defer js.mu.Unlock()
 	return js.limits
 }
+
+// copyBufs are the buffers response bodies are copied through.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 // hopHeaders are not forwarded.
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
@@ -663,7 +668,9 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	ev.Status = resp.StatusCode
-	n, cerr := io.Copy(w, resp.Body)
+	buf := copyBufs.Get().(*[]byte)
+	n, cerr := io.CopyBuffer(w, resp.Body, *buf)
+	copyBufs.Put(buf)
 	ev.BytesIn = n
 	js.limiter().spend(ev.BytesOut + ev.BytesIn)
 	if cerr != nil {

@@ -15,18 +15,15 @@ func warmDisk(item string) bool { return strings.Contains(item, "/pool/warm/") }
 
 // baseline waits until the host's inventory stops changing (the pool's
 // warm disks settle) and returns it.
-func baseline(t *testing.T, dir string) inventory {
+func baseline(t *testing.T, d *daemon) inventory {
 	t.Helper()
 	var inv inventory
 	err := waitFor(30*time.Second, func() error {
-		a := takeInventory(dir)
+		a := takeInventory(d.dir)
 		time.Sleep(200 * time.Millisecond)
-		inv = takeInventory(dir)
-		if d := inv.added(a); len(d) > 0 {
-			return &leakError{d}
-		}
-		if d := a.added(inv); len(d) > 0 {
-			return &leakError{d}
+		inv = takeInventory(d.dir)
+		if diff := d.relevant(append(inv.added(a), a.added(inv)...)); len(diff) > 0 {
+			return &leakError{diff}
 		}
 		return nil
 	})
@@ -43,7 +40,7 @@ func (e *leakError) Error() string { return strings.Join(e.items, "\n  ") }
 // expectClean fails the test if the host holds more than base.
 func expectClean(t *testing.T, d *daemon, base inventory, what string) {
 	t.Helper()
-	if extra := waitNoLeak(d.dir, base, 20*time.Second, warmDisk); len(extra) > 0 {
+	if extra := waitNoLeak(d, base, 20*time.Second, warmDisk); len(extra) > 0 {
 		t.Errorf("%s left behind:\n  %s", what, strings.Join(extra, "\n  "))
 	}
 }
@@ -52,7 +49,7 @@ func expectClean(t *testing.T, d *daemon, base inventory, what string) {
 // of them is left on the host.
 func TestCleanupDestroy(t *testing.T) {
 	d := shared(t)
-	base := baseline(t, d.dir)
+	base := baseline(t, d)
 	for _, state := range []string{"running", "busy", "stopped", "created"} {
 		t.Run(state, func(t *testing.T) {
 			j := d.createJail(t, map[string]any{"start": state != "created"})
@@ -93,7 +90,7 @@ func containsSub(list []string, sub string) bool {
 // checks that each leaves nothing behind.
 func TestCleanupFailedCreate(t *testing.T) {
 	d := shared(t)
-	base := baseline(t, d.dir)
+	base := baseline(t, d)
 	emptyRoot, err := os.MkdirTemp("", "agentjail-it-emptyroot-")
 	if err != nil {
 		t.Fatal(err)

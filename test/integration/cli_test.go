@@ -153,7 +153,7 @@ func TestCLI(t *testing.T) {
 
 func TestCLIRunRm(t *testing.T) {
 	d := shared(t)
-	base := baseline(t, d.dir)
+	base := baseline(t, d)
 	before := jailCount(t, d)
 	out, errOut, code := d.cli(t, "", "run", "--rm", "--", "sh", "-c", "echo hi; exit 5")
 	if code != 5 || out != "hi\n" {

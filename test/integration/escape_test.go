@@ -172,9 +172,10 @@ func TestEscapeTools(t *testing.T) {
 		"mknod /tmp/sda b 8 0",
 		"echo 1 > /proc/sys/vm/drop_caches",
 		"echo 1 > /proc/sys/kernel/sysrq",
-		"echo $$ > /sys/fs/cgroup/cgroup.procs",
-		"echo $$ > /sys/fs/cgroup/memory/cgroup.procs",
-		"echo $$ > /sys/fs/cgroup/unified/cgroup.procs",
+		"test -e /sys/fs/cgroup/memory/cgroup.procs && echo $$ > /sys/fs/cgroup/memory/cgroup.procs",
+		"test -e /sys/fs/cgroup/pids/cgroup.procs && echo $$ > /sys/fs/cgroup/pids/cgroup.procs",
+		"echo 999999999999 > /sys/fs/cgroup/memory/memory.limit_in_bytes",
+		"echo max > /sys/fs/cgroup/pids/pids.max",
 		"chroot / true",
 	}
 	for _, user := range []string{"", "root"} {

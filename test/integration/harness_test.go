@@ -164,6 +164,8 @@ type daemon struct {
 	exited  chan struct{} // closed when the process has been waited for
 	waitErr error
 	api     *client
+	// ids records every jail id the daemon ever used (see idWatcher).
+	ids *idWatcher
 }
 
 var listeningRE = regexp.MustCompile(`agentjail: listening on http://(\S+)`)
@@ -179,7 +181,11 @@ func startDaemon(dir string) (*daemon, error) {
 		}
 	}
 	d := &daemon{dir: dir, exited: make(chan struct{})}
-	if err := d.start(); err != nil {
+	err := d.start()
+	if err == nil {
+		d.ids, err = watchIDs(filepath.Join(dir, "jails"))
+	}
+	if err != nil {
 		if serr := d.shutdown(); serr != nil {
 			err = fmt.Errorf("%w\nand cleaning up: %v", err, serr)
 		}
@@ -314,14 +320,25 @@ func (d *daemon) teardown() (string, error) {
 // of it is left on the host, and removes the data dir.
 func (d *daemon) shutdown() error {
 	var errs []error
-	ids := dirNames(filepath.Join(d.dir, "jails"))
 	if err := d.stop(); err != nil {
 		errs = append(errs, err)
 	}
 	if _, err := d.teardown(); err != nil {
 		errs = append(errs, err)
 	}
-	if left := d.leftovers(ids); len(left) > 0 {
+	if d.ids != nil {
+		defer d.ids.close()
+	}
+	// Killed processes may take a moment to be reaped.
+	var left []string
+	_ = waitFor(15*time.Second, func() error {
+		left = d.leftovers()
+		if len(left) > 0 {
+			return errors.New("leftovers")
+		}
+		return nil
+	})
+	if len(left) > 0 {
 		errs = append(errs, fmt.Errorf("left behind after teardown of %s:\n  %s", d.dir, strings.Join(left, "\n  ")))
 	} else if err := os.RemoveAll(d.dir); err != nil {
 		errs = append(errs, err)
@@ -336,17 +353,9 @@ func (d *daemon) shutdown() error {
 
 // leftovers lists what of the data dir is still held on the host after
 // teardown: mounts under it, loop devices backed by its files, network
-// namespaces bound there, and the cgroups and processes of its jails (ids).
-func (d *daemon) leftovers(ids []string) []string {
+// namespaces bound there, and the cgroups and processes of its jails.
+func (d *daemon) leftovers() []string {
 	inv := takeInventory(d.dir)
-	ours := func(s string) bool {
-		for _, id := range ids {
-			if strings.Contains(s, id) {
-				return true
-			}
-		}
-		return false
-	}
 	var out []string
 	for _, m := range inv.Mounts {
 		out = append(out, "mount "+m)
@@ -360,16 +369,41 @@ func (d *daemon) leftovers(ids []string) []string {
 		}
 	}
 	for _, c := range inv.Cgroups {
-		if ours(c) {
+		if d.owns(c) {
 			out = append(out, "cgroup "+c)
 		}
 	}
 	for _, p := range inv.Procs {
-		if ours(p) {
-			out = append(out, "process "+p)
+		if d.owns(p) {
+			out = append(out, "process "+p+" "+procState(p))
 		}
 	}
 	return out
+}
+
+// procState describes the state and parent of the process of an
+// inventory line ("pid comm cgroup").
+func procState(line string) string {
+	pid, _, _ := strings.Cut(line, " ")
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return "(gone)"
+	}
+	// pid (comm) state ppid ...
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		f := strings.Fields(s[i+1:])
+		if len(f) >= 2 {
+			return "state " + f[0] + " ppid " + f[1]
+		}
+	}
+	return ""
+}
+
+// owns reports whether a host-wide item (a cgroup path, a process line)
+// belongs to one of the daemon's jails.
+func (d *daemon) owns(item string) bool {
+	return d.ids != nil && d.ids.owns(item)
 }
 
 // client is a minimal client of the REST API.

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,7 +10,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -86,15 +89,15 @@ func (inv inventory) added(base inventory) []string {
 	return out
 }
 
-// waitNoLeak waits until the host holds nothing more than base (cleanup may
-// finish asynchronously) and returns what is still extra at the deadline.
-// ignore drops items that are expected to come and go (e.g. a warm disk
-// refilled by the pool).
-func waitNoLeak(dir string, base inventory, timeout time.Duration, ignore func(string) bool) []string {
+// waitNoLeak waits until the host holds nothing more of d than base
+// (cleanup may finish asynchronously) and returns what is still extra at
+// the deadline. Cgroups and processes count when they belong to d's jails;
+// ignore drops items that come and go on their own (e.g. warm disks).
+func waitNoLeak(d *daemon, base inventory, timeout time.Duration, ignore func(string) bool) []string {
 	var extra []string
 	_ = waitFor(timeout, func() error {
 		extra = extra[:0]
-		for _, x := range takeInventory(dir).added(base) {
+		for _, x := range d.relevant(takeInventory(d.dir).added(base)) {
 			if ignore == nil || !ignore(x) {
 				extra = append(extra, x)
 			}
@@ -105,6 +108,20 @@ func waitNoLeak(dir string, base inventory, timeout time.Duration, ignore func(s
 		return nil
 	})
 	return extra
+}
+
+// relevant keeps the inventory lines that concern d: everything under its
+// data dir, and the cgroups and processes of its own jails (other daemons
+// on the host name theirs the same way).
+func (d *daemon) relevant(items []string) []string {
+	var out []string
+	for _, x := range items {
+		global := strings.HasPrefix(x, "cgroup: ") || strings.HasPrefix(x, "process: ")
+		if !global || d.owns(x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // mountsUnder lists the mount points at or under dir.
@@ -259,4 +276,76 @@ func pidsInCgroupOf(controller, id string) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// idWatcher records every name ever created in a daemon's jails/ directory:
+// the ids of its jails, failed creates included. Host-wide resources
+// (cgroups, processes) are attributed to a daemon by these ids, since other
+// daemons on the host name theirs the same way.
+type idWatcher struct {
+	f    *os.File
+	mu   sync.Mutex
+	ids  map[string]bool
+	done chan struct{}
+}
+
+// watchIDs starts recording the names created in dir.
+func watchIDs(dir string) (*idWatcher, error) {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("inotify: %w", err)
+	}
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("inotify %s: %w", dir, err)
+	}
+	w := &idWatcher{f: os.NewFile(uintptr(fd), "inotify"), ids: map[string]bool{}, done: make(chan struct{})}
+	for _, n := range dirNames(dir) {
+		w.ids[n] = true
+	}
+	go w.run()
+	return w, nil
+}
+
+func (w *idWatcher) run() {
+	defer close(w.done)
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := w.f.Read(buf)
+		if err != nil {
+			return
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if len(name) > 0 {
+				w.mu.Lock()
+				w.ids[string(name)] = true
+				w.mu.Unlock()
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
+}
+
+// close stops the watcher.
+func (w *idWatcher) close() {
+	w.f.Close()
+	<-w.done
+}
+
+// owns reports whether item (a cgroup path or a process line) belongs to
+// one of the recorded ids.
+func (w *idWatcher) owns(item string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id := range w.ids {
+		if strings.Contains(item, "/agentjail/"+id) {
+			return true
+		}
+	}
+	return false
 }

@@ -277,12 +277,21 @@ def leave_cgroup():
         if root.count("/") > 5:
             dirs[:] = []
     for c in cands + [c.rsplit("/", 1)[0] + "/../cgroup.procs" for c in cands]:
+        # Only an existing cgroup.procs counts: /sys/fs/cgroup itself may be
+        # a jail-private tmpfs where any file can be created.
         try:
-            with open(c, "w") as f:
-                f.write(str(os.getpid()))
-            out.append("wrote own pid to %s" % c)
+            fd = os.open(c, os.O_WRONLY)
+        except OSError:
+            continue
+        d = os.path.dirname(c)
+        try:
+            if os.path.exists(d + "/cgroup.controllers") or os.path.exists(d + "/tasks"):
+                os.write(fd, str(os.getpid()).encode())
+                out.append("wrote own pid to %s" % c)
         except OSError:
             pass
+        finally:
+            os.close(fd)
     after = open("/proc/self/cgroup").read()
     if after != before:
         out.append("cgroup changed from %r to %r" % (before, after))
@@ -336,33 +345,41 @@ print(json.dumps(results))
 // directory) for argv[3] seconds, as fast as it can, with atomic renames.
 // argv[1] is the host file, argv[2] the host directory.
 const swapProbe = `
-import os, sys, time
+import os, shutil, sys, time
 target, target_dir, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
 w = "/workspace"
 os.makedirs(w + "/swapdir-real", exist_ok=True)
 with open(w + "/swapdir-real/canary", "w") as f:
     f.write("jail-side file")
+
+def place(link_target, dest):
+    tmp = dest + ".tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(link_target, tmp)
+    while True:
+        try:
+            os.rename(tmp, dest)
+            return
+        except (IsADirectoryError, OSError):
+            # A PUT made dest a real directory in the meantime.
+            shutil.rmtree(dest, ignore_errors=True)
+
 end = time.time() + secs
 n = 0
 while time.time() < end:
     with open(w + "/.swap-file", "w") as f:
         f.write("jail-side file")
-    os.rename(w + "/.swap-file", w + "/swap")
-    for link, dest in ((w + "/.swap-link", target), (w + "/.swap-rel", "../../../../../.." + target)):
-        try:
-            os.unlink(link)
-        except FileNotFoundError:
-            pass
-        os.symlink(dest, link)
-        os.rename(link, w + "/swap")
     try:
-        os.unlink(w + "/.swapdir-link")
-    except FileNotFoundError:
-        pass
-    os.symlink(target_dir, w + "/.swapdir-link")
-    os.rename(w + "/.swapdir-link", w + "/swapdir")
-    os.symlink(w + "/swapdir-real", w + "/.swapdir-link")
-    os.rename(w + "/.swapdir-link", w + "/swapdir")
+        os.rename(w + "/.swap-file", w + "/swap")
+    except OSError:
+        shutil.rmtree(w + "/swap", ignore_errors=True)
+    place(target, w + "/swap")
+    place("../../../../../.." + target, w + "/swap")
+    place(target_dir, w + "/swapdir")
+    place(w + "/swapdir-real", w + "/swapdir")
     n += 1
 print(n)
 `

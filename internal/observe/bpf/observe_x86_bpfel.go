@@ -121,8 +121,6 @@ const (
 	observeVarUnusedExitEv = "unused_exit_ev"
 	observeVarUnusedForkEv = "unused_fork_ev"
 	observeVarUnusedSysEv  = "unused_sys_ev"
-	observeVarUnusedWatch  = "unused_watch"
-	observeVarWakeBytes    = "wake_bytes"
 )
 
 // loadObserve returns the embedded CollectionSpec for observe.
@@ -193,8 +191,6 @@ type observeVariableSpecs struct {
 	UnusedExitEv *ebpf.VariableSpec `ebpf:"unused_exit_ev"`
 	UnusedForkEv *ebpf.VariableSpec `ebpf:"unused_fork_ev"`
 	UnusedSysEv  *ebpf.VariableSpec `ebpf:"unused_sys_ev"`
-	UnusedWatch  *ebpf.VariableSpec `ebpf:"unused_watch"`
-	WakeBytes    *ebpf.VariableSpec `ebpf:"wake_bytes"`
 }
 
 // observeObjects contains all objects after they have been loaded into the kernel.
@@ -241,8 +237,6 @@ type observeVariables struct {
 	UnusedExitEv *ebpf.Variable `ebpf:"unused_exit_ev"`
 	UnusedForkEv *ebpf.Variable `ebpf:"unused_fork_ev"`
 	UnusedSysEv  *ebpf.Variable `ebpf:"unused_sys_ev"`
-	UnusedWatch  *ebpf.Variable `ebpf:"unused_watch"`
-	WakeBytes    *ebpf.Variable `ebpf:"wake_bytes"`
 }
 
 // observePrograms contains all programs after they have been loaded into the kernel.

@@ -282,9 +282,9 @@ func TestOutsideProcessesNeverAppear(t *testing.T) {
 
 func TestLostCounted(t *testing.T) {
 	requireRoot(t)
-	// A one-page ring, woken only when full, polled rarely: most records
-	// cannot fit, and exec records (larger than the ring) never do.
-	tr, err := OpenConfig(Config{RingBytes: os.Getpagesize(), WakeBytes: os.Getpagesize(), Poll: 200 * time.Millisecond})
+	// A one-page ring polled rarely: most records cannot fit, and exec
+	// records (larger than the ring) never do.
+	tr, err := OpenConfig(Config{RingBytes: os.Getpagesize(), Poll: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

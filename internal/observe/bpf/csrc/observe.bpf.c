@@ -4,10 +4,10 @@
  *
  * One set of programs serves every jail. Each program first looks the
  * current task's cgroup id (cgroup v2) up in `watched`; tasks of cgroups that
- * are not watched leave after that lookup. Records go to one ring buffer,
- * with wake-ups batched: the consumer is woken only once the unread data
- * passes `wake_bytes`, and polls on a short period otherwise. A record that
- * does not fit in the ring is counted in its jail's `lost` counter.
+ * are not watched leave after that lookup. Records go to one ring buffer
+ * without wake-ups (BPF_RB_NO_WAKEUP): the consumer polls the ring on a short
+ * period and drains it whenever it holds data. A record that does not fit in
+ * the ring is counted in its jail's `lost` counter.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -20,8 +20,8 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* Load-time configuration (set from Go before loading). */
-const volatile u64 wake_bytes = 1 << 20;
+/* Load-time configuration (set from Go before loading): which arguments of
+ * each syscall are decoded (SPEC_* in observe.h). */
 const volatile u32 argspec[MAX_SYSCALLS];
 
 struct {
@@ -55,18 +55,13 @@ struct {
 	__type(value, struct pending);
 } inflight SEC(".maps");
 
-/* Placeholders so bpf2go emits Go types for the records. */
+/* Record types are only ever used through pointers into the ring, which
+ * leaves them out of the object's BTF; these unused globals keep them in,
+ * for bpf2go to generate their Go counterparts (-type). */
 const struct sys_ev *unused_sys_ev __attribute__((unused));
 const struct fork_ev *unused_fork_ev __attribute__((unused));
 const struct exec_ev *unused_exec_ev __attribute__((unused));
 const struct exit_ev *unused_exit_ev __attribute__((unused));
-const struct watch *unused_watch __attribute__((unused));
-
-static __always_inline u64 submit_flags(void)
-{
-	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wake_bytes ? BPF_RB_FORCE_WAKEUP
-									      : BPF_RB_NO_WAKEUP;
-}
 
 static __always_inline void count_lost(struct watch *w)
 {
@@ -214,7 +209,7 @@ static __always_inline void emit_syscall(struct watch *w, u64 cg, struct task_st
 		fill_sys(&e->e, cg, t, p, ret, now);
 		e->e.len0 = read_path(e->s0, arg_at(p, SPEC_P1(spec)));
 		e->e.len1 = read_path(e->s1, arg_at(p, SPEC_P2(spec)));
-		bpf_ringbuf_submit(e, submit_flags());
+		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		return;
 	}
 	if (strings && (SPEC_P1(spec) || SPEC_SA(spec))) {
@@ -228,7 +223,7 @@ static __always_inline void emit_syscall(struct watch *w, u64 cg, struct task_st
 			e->e.len0 = read_path(e->s0, arg_at(p, SPEC_P1(spec)));
 		else
 			e->e.len0 = read_sockaddr(e->s0, p, spec, ret);
-		bpf_ringbuf_submit(e, submit_flags());
+		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		return;
 	}
 
@@ -246,7 +241,7 @@ static __always_inline void emit_syscall(struct watch *w, u64 cg, struct task_st
 			e->aux[1] = fds[1];
 		}
 	}
-	bpf_ringbuf_submit(e, submit_flags());
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
 SEC("tp_btf/sys_enter")
@@ -338,7 +333,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	if (BPF_CORE_READ(child, files) == BPF_CORE_READ(parent, files))
 		e->fflags |= FORK_SHARED_FILES;
 	e->pad = 0;
-	bpf_ringbuf_submit(e, submit_flags());
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
 
@@ -484,7 +479,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 		e->argv_len = len;
 
 	e->cwd_len = cwd_of(p, e->cwd);
-	bpf_ringbuf_submit(e, submit_flags());
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
 
@@ -510,6 +505,6 @@ int BPF_PROG(sched_exit, struct task_struct *p, bool group_dead)
 	rparent = BPF_CORE_READ(p, real_parent);
 	e->ppid = BPF_CORE_READ(rparent, tgid);
 	e->ns_ppid = pid_at(BPF_CORE_READ(rparent, group_leader, thread_pid), pid_level(p));
-	bpf_ringbuf_submit(e, submit_flags());
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
