@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,6 +26,7 @@ const shutdownGrace = 10 * time.Second
 
 func newServeCmd(g *globals) *cobra.Command {
 	var runtime, poolSize string
+	var net netFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon",
@@ -44,22 +47,70 @@ next start.`,
 				}
 				pool = n
 			}
-			return serve(cmd.Context(), g.dataDirPath(), g.listenAddr(), runtime, pool)
+			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, PoolSize: pool,
+				AllowHostNetwork: net.allowHost, Subnet: net.subnet}
+			if net.hostsFile != "" {
+				hosts, err := readHostsFile(net.hostsFile)
+				if err != nil {
+					return usageError{fmt.Errorf("--hosts-file: %w", err)}
+				}
+				opts.Hosts = hosts
+			}
+			return serve(cmd.Context(), opts, g.listenAddr())
 		},
 	}
 	cmd.Flags().StringVar(&runtime, "runtime", "runc", "OCI runtime binary")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
+	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)
+	cmd.Flags().StringVar(&net.hostsFile, "hosts-file", "", "static name → address entries (hosts(5) format) the jails' DNS answers before the host's resolver")
+	cmd.Flags().StringVar(&net.subnet, "subnet", "", "the jail network (default 10.88.0.0/16)")
 	return cmd
 }
 
+// netFlags are serve's network options.
+type netFlags struct {
+	allowHost bool
+	hostsFile string
+	subnet    string
+}
+
+// readHostsFile parses hosts(5) lines: an address followed by names.
+func readHostsFile(path string) (map[string][]netip.Addr, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	hosts := map[string][]netip.Addr{}
+	for i, line := range strings.Split(string(data), "\n") {
+		if j := strings.IndexByte(line, '#'); j >= 0 {
+			line = line[:j]
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		addr, err := netip.ParseAddr(f[0])
+		if err != nil || len(f) < 2 {
+			return nil, fmt.Errorf("line %d: want an address followed by names", i+1)
+		}
+		for _, name := range f[1:] {
+			name = strings.ToLower(name)
+			hosts[name] = append(hosts[name], addr)
+		}
+	}
+	return hosts, nil
+}
+
 // serve runs the daemon until ctx is cancelled.
-func serve(ctx context.Context, dataDir, addr, runtime string, poolSize int64) error {
+func serve(ctx context.Context, opts jail.Options, addr string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	dataDir := opts.DataDir
 	token, err := api.EnsureToken(dataDir)
 	if err != nil {
 		return err
 	}
-	mgr, err := jail.NewManager(ctx, jail.Options{DataDir: dataDir, RuntimeBinary: runtime, PoolSize: poolSize, Logger: log})
+	opts.Logger = log
+	mgr, err := jail.NewManager(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -64,6 +65,14 @@ type Service interface {
 	// Access reports whether user (default: the jail's user) may read or
 	// write (mode "read" or "write") path.
 	Access(ctx context.Context, ref, path, mode, user string) (*model.AccessResult, error)
+	// UpdateNetwork replaces the jail's network policy; a running jail
+	// obeys it for new connections at once (ErrConflict when the mode
+	// would change while it runs).
+	UpdateNetwork(ctx context.Context, ref string, n config.Network) (*model.Jail, error)
+	// EventLog opens one of the jail's JSONL event files ("network",
+	// "syscalls", "filesystem", "processes"); an empty reader when none was
+	// written yet. The caller closes it.
+	EventLog(ctx context.Context, ref, stream string) (io.ReadCloser, error)
 	// Health reports the daemon's state; it never fails.
 	Health(ctx context.Context) model.Health
 }
@@ -106,6 +115,8 @@ var routes = []route{
 	{http.MethodGet, "/jails/{id}/files/{path...}", (*server).getFile, true},
 	{http.MethodPut, "/jails/{id}/files/{path...}", (*server).putFile, true},
 	{http.MethodDelete, "/jails/{id}/files/{path...}", (*server).deleteFile, true},
+	{http.MethodPut, "/jails/{id}/network", (*server).putNetwork, true},
+	{http.MethodGet, "/jails/{id}/network/log", (*server).networkLog, true},
 }
 
 type server struct {

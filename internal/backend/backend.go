@@ -34,6 +34,8 @@ type Capabilities struct {
 type Instance struct {
 	// ID is the jail's id; it names every resource the backend makes.
 	ID string
+	// Name is the jail's unique name (inter-jail rules match it).
+	Name string
 	// Dir is the jail's directory, DATA_DIR/jails/{id}.
 	Dir string
 	// Config is the jail's effective config (defaults applied, validated).
@@ -82,6 +84,12 @@ type Backend interface {
 	// Status reports whether the jail's init runs (used to re-adopt jails
 	// after a daemon restart).
 	Status(ctx context.Context, inst Instance) (Status, error)
+	// Reattach re-establishes the daemon-side services of a jail found
+	// running after a daemon restart (its network attachment).
+	Reattach(ctx context.Context, inst Instance) error
+	// UpdateNetwork applies inst.Config's network policy to the running
+	// jail; new connections obey it at once.
+	UpdateNetwork(ctx context.Context, inst Instance) error
 	// Stats reads the jail's live resource usage.
 	Stats(ctx context.Context, inst Instance) (Stats, error)
 	// Control returns a client of the jail's init control socket.

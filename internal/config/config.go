@@ -70,13 +70,70 @@ const (
 )
 
 // Network configures the jail's network namespace and policy.
+//
+// Precedence for egress: always_allow beats blocked_egress, which beats
+// allowed_egress; anything else is denied. Cloud metadata and the host's
+// own addresses are refused unless a rule names them.
 type Network struct {
-	Mode            string           `json:"mode"`
-	AllowedEgress   []EgressRule     `json:"allowed_egress,omitempty"`
-	AllowedIngress  []IngressRule    `json:"allowed_ingress,omitempty"`
-	DNSServers      []string         `json:"dns_servers,omitempty"`
-	AllowInterAgent bool             `json:"allow_inter_agent,omitempty"`
+	// Mode is none (loopback only), isolated (default: only the daemon's
+	// DNS and proxies are reachable, allowed HTTP(S) goes through them),
+	// bridge (also direct connections where an IP/CIDR rule allows, NATed)
+	// or host (the host's network; only with the daemon's opt-in).
+	Mode string `json:"mode"`
+	// AllowedEgress allows destinations (seed 002 allowed_egress, seed 003 allow).
+	AllowedEgress []EgressRule `json:"allowed_egress,omitempty"`
+	// AlwaysAllow destinations win over BlockedEgress (seed 003 always_allow).
+	AlwaysAllow []EgressRule `json:"always_allow,omitempty"`
+	// BlockedEgress destinations win over AllowedEgress (seed 003 block).
+	BlockedEgress []EgressRule `json:"blocked_egress,omitempty"`
+	// AllowedIngress allows connections into the jail from sources.
+	AllowedIngress []IngressRule `json:"allowed_ingress,omitempty"`
+	// DNSServers is accepted for compatibility but the jail's resolver is
+	// always the daemon's, which applies the policy.
+	DNSServers []string `json:"dns_servers,omitempty"`
+	// AllowInterAgent allows every jail to reach this one and back.
+	AllowInterAgent bool `json:"allow_inter_agent,omitempty"`
+	// InterAgentRules allow or deny traffic between jails by name pattern.
 	InterAgentRules []InterAgentRule `json:"inter_agent_rules,omitempty"`
+	// Limits are per-jail rate limits (seed 003).
+	Limits *NetworkLimits `json:"limits,omitempty"`
+	// TLSInspection terminates HTTPS at the daemon's proxy with a
+	// certificate of the daemon's CA (installed in the jail's trust store)
+	// so requests are recorded with method, path and status.
+	TLSInspection bool `json:"tls_inspection,omitempty"`
+	// Credentials are headers the proxy adds to requests to one host; the
+	// values never enter the jail and are redacted in API answers.
+	Credentials []Credential `json:"credentials,omitempty"`
+}
+
+// NetworkLimits caps a jail's traffic through the daemon.
+type NetworkLimits struct {
+	RequestsPerMinute int   `json:"requests_per_minute,omitempty"`
+	BytesPerHour      int64 `json:"bytes_per_hour,omitempty"`
+}
+
+// Credential is a header added by the proxy to requests to Host.
+type Credential struct {
+	Host   string `json:"host"`
+	Header string `json:"header"`
+	Value  string `json:"value"`
+}
+
+// Redacted is what API answers show in place of a credential's value.
+const Redacted = "<redacted>"
+
+// Redact returns a copy of c whose credential values are replaced by Redacted.
+func (c Config) Redact() Config {
+	if len(c.Isolation.Network.Credentials) == 0 {
+		return c
+	}
+	creds := make([]Credential, len(c.Isolation.Network.Credentials))
+	for i, cr := range c.Isolation.Network.Credentials {
+		cr.Value = Redacted
+		creds[i] = cr
+	}
+	c.Isolation.Network.Credentials = creds
+	return c
 }
 
 // EgressRule allows traffic to a destination (host name, *.wildcard, IP or CIDR).

@@ -148,9 +148,33 @@ func (n *Network) validate(h Host) error {
 			return err
 		}
 	}
-	policy := len(n.AllowedEgress) > 0 || len(n.AllowedIngress) > 0 || len(n.InterAgentRules) > 0 || n.AllowInterAgent || len(n.DNSServers) > 0
-	if policy && (n.Mode == NetIsolated || n.Mode == NetNone) && !contains(h.NetworkModes, NetBridge) {
-		return errdefs.Unprocessablef(p+"allowed_egress: network policy rules are not enforced by this daemon yet (mode %q has no route out); remove them", n.Mode)
+	for i, r := range n.AlwaysAllow {
+		if err := checkRule(fmt.Sprintf(p+"always_allow[%d]", i), r.Destination, r.Ports, r.Protocol); err != nil {
+			return err
+		}
+	}
+	for i, r := range n.BlockedEgress {
+		if err := checkRule(fmt.Sprintf(p+"blocked_egress[%d]", i), r.Destination, r.Ports, r.Protocol); err != nil {
+			return err
+		}
+	}
+	if l := n.Limits; l != nil && (l.RequestsPerMinute < 0 || l.BytesPerHour < 0) {
+		return errdefs.Unprocessablef(p + "limits: values must not be negative")
+	}
+	for i, c := range n.Credentials {
+		field := fmt.Sprintf(p+"credentials[%d]", i)
+		if c.Host == "" || strings.ContainsAny(c.Host, "/:* ") {
+			return errdefs.Unprocessablef("%s.host: %q must be a host name", field, c.Host)
+		}
+		if c.Header == "" || strings.ContainsAny(c.Header, ": \r\n") {
+			return errdefs.Unprocessablef("%s.header: %q is not a header name", field, c.Header)
+		}
+		if c.Value == "" || c.Value == Redacted || strings.ContainsAny(c.Value, "\r\n") {
+			return errdefs.Unprocessablef("%s.value: a header value is required (not the redaction marker)", field)
+		}
+	}
+	if n.Mode == NetNone && (len(n.AllowedEgress)+len(n.AlwaysAllow)+len(n.InterAgentRules)+len(n.AllowedIngress) > 0 || n.AllowInterAgent) {
+		return errdefs.Unprocessablef(p + "mode: \"none\" has no network beyond loopback; its rules would never apply")
 	}
 	return nil
 }

@@ -187,13 +187,19 @@ func TestPID1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	// A file, not a pipe: Wait must not depend on who else holds it.
+	stderr, err := os.Create(filepath.Join(dir, "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	var initPid int
 	t.Cleanup(func() {
 		select {
@@ -201,8 +207,13 @@ func TestPID1(t *testing.T) {
 			return
 		default:
 		}
+		if initPid == 0 {
+			if c := childrenOf(cmd.Process.Pid); len(c) == 1 {
+				initPid = c[0]
+			}
+		}
 		if initPid > 0 {
-			syscall.Kill(initPid, syscall.SIGKILL)
+			syscall.Kill(initPid, syscall.SIGKILL) // kills the whole namespace
 		}
 		cmd.Process.Kill()
 		<-exited
@@ -217,12 +228,12 @@ func TestPID1(t *testing.T) {
 	select {
 	case l := <-ready:
 		if l != initproto.ReadyLine {
-			t.Fatalf("readiness line %q; stderr %s", l, stderr.String())
+			t.Fatalf("readiness line %q; stderr %s", l, readFile(stderr.Name()))
 		}
-	case err := <-exited:
-		t.Fatalf("init exited before readiness: %v; stderr %s", err, stderr.String())
+	case <-exited:
+		t.Fatalf("init exited before readiness: %v; stderr %s", waitErr, readFile(stderr.Name()))
 	case <-time.After(30 * time.Second):
-		t.Fatalf("no readiness line; stderr %s", stderr.String())
+		t.Fatalf("no readiness line; stderr %s", readFile(stderr.Name()))
 	}
 	waitFor(t, 5*time.Second, "init's host pid", func() bool {
 		if c := childrenOf(cmd.Process.Pid); len(c) == 1 {
@@ -328,9 +339,9 @@ func TestPID1(t *testing.T) {
 		t.Fatalf("command printed %q", l)
 	}
 	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("init exited with %v; stderr %s", err, stderr.String())
+	case <-exited:
+		if waitErr != nil {
+			t.Fatalf("init exited with %v; stderr %s", waitErr, readFile(stderr.Name()))
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("init did not exit after SIGTERM")
@@ -359,4 +370,9 @@ func TestStartFailure(t *testing.T) {
 	if stdout.Len() != 0 || !strings.Contains(stderr.String(), "read config") {
 		t.Fatalf("stdout %q stderr %q", stdout.String(), stderr.String())
 	}
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
 }

@@ -75,7 +75,14 @@ type shimMsg struct {
 	err  error // the socket failed or reached EOF
 }
 
-// runShim is the shim process's main loop; it returns the exit code.
+// reapInterval is how often a shim collects orphans that exit while its
+// command still runs, or notices that lingering leftovers are gone.
+const reapInterval = 1000 // milliseconds
+
+// runShim is the shim process's main loop; it returns the exit code. The
+// shim is single-threaded in effect: it blocks in recvmsg while idle and
+// in poll (control socket + the command's pidfd) while a command runs, so
+// no goroutine hand-off sits on the path of a command's start or exit.
 func runShim() int {
 	// Commands get PR_SET_PDEATHSIG, which fires when the forking thread
 	// exits: fork only from this locked main thread.
@@ -87,35 +94,31 @@ func runShim() int {
 	// Catch (rather than ignore) termination signals: an ignored signal
 	// would stay ignored in the commands the shim starts.
 	signal.Notify(make(chan os.Signal, 1), unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-	sh := &shim{sigs: make(chan os.Signal, 1), msgs: make(chan shimMsg, 4)}
-	signal.Notify(sh.sigs, unix.SIGCHLD)
-	go sh.readCtrl()
-	for m := range sh.msgs {
+	s := &shim{buf: make([]byte, 1<<20), oob: make([]byte, unix.CmsgSpace(3*4))}
+	for {
+		m := s.recv()
 		switch {
 		case m.err != nil:
 			return 0
 		case m.typ == shimMsgRun:
-			if !sh.run(m) {
+			if !s.run(m) {
 				return 0
 			}
 		default:
-			closeFds(m.fds)
+			closeFds(m.fds) // a kill for a command that already ended
 		}
 	}
-	return 0
 }
 
 type shim struct {
-	sigs chan os.Signal
-	msgs chan shimMsg
+	buf, oob []byte
 }
 
-// readCtrl forwards control messages to s.msgs until the socket fails.
-func (s *shim) readCtrl() {
-	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(3*4))
+// recv reads one control message (blocking); the body is valid until the
+// next recv.
+func (s *shim) recv() shimMsg {
 	for {
-		n, oobn, _, _, err := unix.Recvmsg(shimCtrlFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, _, _, err := unix.Recvmsg(shimCtrlFd, s.buf, s.oob, unix.MSG_CMSG_CLOEXEC)
 		if err == unix.EINTR {
 			continue
 		}
@@ -123,12 +126,11 @@ func (s *shim) readCtrl() {
 			err = fmt.Errorf("control socket closed")
 		}
 		if err != nil {
-			s.msgs <- shimMsg{err: err}
-			return
+			return shimMsg{err: err}
 		}
-		m := shimMsg{typ: buf[0], body: append([]byte(nil), buf[1:n]...)}
+		m := shimMsg{typ: s.buf[0], body: s.buf[1:n]}
 		if oobn > 0 {
-			if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			if cms, err := unix.ParseSocketControlMessage(s.oob[:oobn]); err == nil {
 				for _, cm := range cms {
 					if fds, err := unix.ParseUnixRights(&cm); err == nil {
 						m.fds = append(m.fds, fds...)
@@ -136,7 +138,7 @@ func (s *shim) readCtrl() {
 				}
 			}
 		}
-		s.msgs <- m
+		return m
 	}
 }
 
@@ -153,7 +155,7 @@ func (s *shim) send(typ byte, v any) {
 
 // run starts one command and waits for it; it returns true when the shim
 // is clean and can serve another command, false when it must exit (it
-// killed or outlived leftovers, or lost init).
+// outlived leftovers, or lost init).
 func (s *shim) run(m shimMsg) bool {
 	var spec shimSpec
 	if err := json.Unmarshal(m.body, &spec); err != nil || len(m.fds) != 3 {
@@ -165,6 +167,7 @@ func (s *shim) run(m shimMsg) bool {
 	for i, g := range spec.Groups {
 		groups[i] = uint32(g)
 	}
+	pidfd := -1
 	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
 		Dir:   spec.Dir,
 		Env:   spec.Env,
@@ -173,6 +176,7 @@ func (s *shim) run(m shimMsg) bool {
 			Setsid:     true,
 			Pdeathsig:  syscall.SIGKILL,
 			Credential: &syscall.Credential{Uid: uint32(spec.UID), Gid: uint32(spec.GID), Groups: groups},
+			PidFD:      &pidfd,
 		},
 	})
 	closeFds(m.fds)
@@ -184,17 +188,29 @@ func (s *shim) run(m shimMsg) bool {
 		s.send(shimMsgExit, shimExit{StartErrno: int(errno), Reusable: true})
 		return true
 	}
+	if pidfd >= 0 {
+		defer unix.Close(pidfd)
+	}
 	s.send(shimMsgStarted, shimStarted{Pid: pid})
 
 	var status *unix.WaitStatus
+	timeout := reapInterval
+	if pidfd < 0 {
+		timeout = 10 // no pidfd to wake on: poll for the exit
+	}
 	for status == nil {
-		select {
-		case <-s.sigs:
-			status, _ = reapChildren(pid)
-		case c := <-s.msgs:
+		fds := []unix.PollFd{{Fd: shimCtrlFd, Events: unix.POLLIN}, {Fd: int32(pidfd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, timeout); err != nil && err != unix.EINTR {
+			fmt.Fprintf(os.Stderr, "agentjail shim: poll: %v\n", err)
+		}
+		// Collects the command once it exited, and orphans that exited
+		// meanwhile.
+		status, _ = reapChildren(pid)
+		if status == nil && fds[0].Revents != 0 {
+			c := s.recv()
 			closeFds(c.fds)
 			if c.err != nil || c.typ == shimMsgKill {
-				status = s.killTree(pid)
+				status = killTree(pid)
 				if status == nil {
 					ws := unix.WaitStatus(unix.SIGKILL)
 					status = &ws
@@ -232,17 +248,20 @@ func (s *shim) report(ws unix.WaitStatus, reusable bool) {
 // have all exited, or kills them when init asks or goes away.
 func (s *shim) linger() {
 	for {
-		select {
-		case <-s.sigs:
-			if _, left := reapChildren(-1); !left {
-				return
-			}
-		case c := <-s.msgs:
+		fds := []unix.PollFd{{Fd: shimCtrlFd, Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, reapInterval); err != nil && err != unix.EINTR {
+			fmt.Fprintf(os.Stderr, "agentjail shim: poll: %v\n", err)
+		}
+		if fds[0].Revents != 0 {
+			c := s.recv()
 			closeFds(c.fds)
 			if c.err != nil || c.typ == shimMsgKill {
-				s.killTree(-1)
+				killTree(-1)
 				return
 			}
+		}
+		if _, left := reapChildren(-1); !left {
+			return
 		}
 	}
 }
@@ -251,10 +270,8 @@ func (s *shim) linger() {
 // shim has no child left (descendants whose parents die are reparented to
 // the shim, so none escapes). It returns the wait status of cmdPid when it
 // reaped it.
-func (s *shim) killTree(cmdPid int) *unix.WaitStatus {
+func killTree(cmdPid int) *unix.WaitStatus {
 	var status *unix.WaitStatus
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
 	self := os.Getpid()
 	for {
 		for _, pid := range descendants(self) {
@@ -267,10 +284,8 @@ func (s *shim) killTree(cmdPid int) *unix.WaitStatus {
 		if !left {
 			return status
 		}
-		select {
-		case <-s.sigs:
-		case <-tick.C:
-		}
+		// Give the kills a moment to land before the next round.
+		time.Sleep(time.Millisecond)
 	}
 }
 

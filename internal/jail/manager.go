@@ -11,6 +11,7 @@ import (
 	"github.com/agentjail/agentjail/internal/model"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -26,6 +27,7 @@ import (
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/procwait"
 	"github.com/agentjail/agentjail/internal/rootfs"
 	"github.com/agentjail/agentjail/internal/storage"
@@ -48,6 +50,13 @@ type Options struct {
 	WarmDisks int
 	// Logger receives diagnostics (default: discard).
 	Logger *slog.Logger
+	// AllowHostNetwork permits jails with network mode "host".
+	AllowHostNetwork bool
+	// Hosts are static name → address entries the jails' DNS answers
+	// before asking the host's resolver (like /etc/hosts).
+	Hosts map[string][]netip.Addr
+	// Subnet is the jail network (default 10.88.0.0/16).
+	Subnet string
 }
 
 // Manager owns every jail of one data dir.
@@ -56,6 +65,7 @@ type Manager struct {
 	log     *slog.Logger
 	backend backend.Backend
 	pool    *storage.Pool
+	net     *netpolicy.Manager
 	watcher *procwait.Watcher
 	host    config.Host
 
@@ -71,6 +81,13 @@ type entry struct {
 	rec    model.Jail
 	dir    string
 	unwait func()
+}
+
+// view is the jail as the API shows it: credential values redacted.
+func (e *entry) view() *model.Jail {
+	j := e.snapshot()
+	j.Config = j.Config.Redact()
+	return &j
 }
 
 func (e *entry) snapshot() model.Jail {
@@ -125,15 +142,31 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage pool: %w", err)
 	}
+	m.net, err = netpolicy.New(ctx, netpolicy.Options{
+		DataDir:       dataDir,
+		Subnet:        opts.Subnet,
+		AllowHostMode: opts.AllowHostNetwork,
+		Resolver:      hostsResolver{hosts: opts.Hosts},
+		Record:        m.recordNet,
+		Log:           m.log,
+	})
+	if err != nil {
+		m.pool.Close()
+		return nil, fmt.Errorf("jail network: %w", err)
+	}
 	m.backend, err = container.New(container.Options{
 		DataDir:       dataDir,
 		RuntimeBinary: opts.RuntimeBinary,
 		InitBinary:    initBin,
 		Pool:          m.pool,
 		HostLower:     lower,
+		Net:           m.net,
 		Log:           m.log,
+
+		AllowHostNetwork: opts.AllowHostNetwork,
 	})
 	if err != nil {
+		m.net.Close()
 		m.pool.Close()
 		return nil, err
 	}
@@ -163,7 +196,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 // Close releases the manager's background resources. Jails keep running
 // and are re-adopted by the next manager on the same data dir.
 func (m *Manager) Close() error {
-	return m.pool.Close()
+	return errors.Join(m.net.Close(), m.pool.Close())
 }
 
 // defaultPoolSize is 64 GiB or 90 % of the free space, whichever is smaller.
@@ -218,7 +251,7 @@ func (m *Manager) jailDir(id string) string { return filepath.Join(m.opts.DataDi
 func (m *Manager) instance(e *entry) backend.Instance {
 	j := e.snapshot()
 	cfg := j.Config
-	return backend.Instance{ID: j.ID, Dir: e.dir, Config: &cfg, Hostname: hostname(&j)}
+	return backend.Instance{ID: j.ID, Name: j.Name, Dir: e.dir, Config: &cfg, Hostname: hostname(&j)}
 }
 
 func hostname(j *model.Jail) string {
@@ -323,8 +356,7 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 			return fail(err)
 		}
 	}
-	j := e.snapshot()
-	return &j, nil
+	return e.view(), nil
 }
 
 // forget drops e from the indexes.
@@ -343,8 +375,7 @@ func (m *Manager) List(ctx context.Context) ([]*model.Jail, error) {
 	m.mu.Lock()
 	out := make([]*model.Jail, 0, len(m.jails))
 	for _, e := range m.jails {
-		j := e.snapshot()
-		out = append(out, &j)
+		out = append(out, e.view())
 	}
 	m.mu.Unlock()
 	sort.Slice(out, func(a, b int) bool {
@@ -362,7 +393,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := e.snapshot()
+	j := e.view()
 	if j.Status == model.StateRunning {
 		if st, err := m.backend.Stats(ctx, m.instance(e)); err == nil {
 			j.Stats = &model.Stats{
@@ -374,7 +405,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
 			m.log.Warn("reading jail stats", "jail", j.ID, "err", err)
 		}
 	}
-	return &j, nil
+	return j, nil
 }
 
 // Start starts a created, stopped or failed jail.
@@ -388,8 +419,7 @@ func (m *Manager) Start(ctx context.Context, ref string) (*model.Jail, error) {
 	if err := m.start(ctx, e); err != nil {
 		return nil, err
 	}
-	j := e.snapshot()
-	return &j, nil
+	return e.view(), nil
 }
 
 // start runs with e.op held.
@@ -484,8 +514,7 @@ func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*m
 	}
 	now := time.Now().UTC()
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStopped; j.Pid = 0; j.StoppedAt = &now })
-	out := e.snapshot()
-	return &out, nil
+	return e.view(), nil
 }
 
 // Destroy kills a jail's processes and releases everything it has.
@@ -567,6 +596,9 @@ func (m *Manager) recover(ctx context.Context) error {
 			if err == nil && st.Running && e.rec.Status == model.StateRunning {
 				e.rec.Pid = st.Pid
 				m.log.Info("re-adopted running jail", "jail", e.rec.ID, "pid", st.Pid)
+				if err := m.backend.Reattach(ctx, m.instance(e)); err != nil {
+					m.log.Error("re-attaching jail network", "jail", e.rec.ID, "err", err)
+				}
 				m.watch(e, st.Pid)
 				continue
 			}
@@ -628,6 +660,9 @@ func Teardown(ctx context.Context, dataDir, runtimeBinary string) error {
 	}
 	errs = append(errs, m.Close())
 	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := netpolicy.Teardown(netpolicy.Options{DataDir: m.opts.DataDir}); err != nil {
 		return err
 	}
 	return storage.Teardown(m.opts.DataDir)

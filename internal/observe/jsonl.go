@@ -66,6 +66,7 @@ type Writer struct {
 	cur      [len(streamFiles)][]byte
 	lines    [len(streamFiles)]uint64 // lines in cur
 	pending  [len(streamFiles)]uint64 // lines dropped, not yet reported in the file
+	carried  [len(streamFiles)]uint64 // drops reported by the lost line at the head of cur
 	chunkCap int
 
 	queue chan chunk
@@ -158,6 +159,7 @@ func (w *Writer) newBuf(i int) []byte {
 	}
 	if n := w.pending[i]; n > 0 {
 		w.pending[i] = 0
+		w.carried[i] = n
 		lost := Event{Type: TypeLost, TS: nowNano(), Source: LostWriter, Lost: n}
 		b = lost.AppendJSON(b)
 		b = append(b, '\n')
@@ -173,12 +175,14 @@ func (w *Writer) handOff(i int) {
 	select {
 	case w.queue <- chunk{stream: i, buf: b}:
 	default:
+		// The buffer's own lost line goes too: carry its count forward.
 		w.dropped.Add(w.lines[i])
-		w.pending[i] += w.lines[i]
+		w.pending[i] += w.lines[i] + w.carried[i]
 		w.recycle(b)
 	}
 	w.cur[i] = nil
 	w.lines[i] = 0
+	w.carried[i] = 0
 }
 
 func (w *Writer) recycle(b []byte) {

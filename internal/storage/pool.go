@@ -20,10 +20,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -655,13 +657,63 @@ func (p *Pool) RemoveDisk(id string) error {
 	if err != nil {
 		return fmt.Errorf("disk %s: %w", id, err)
 	}
-	if len(devs) > 0 {
-		return errdefs.Conflictf("disk %s: %s is still in use by %s", id, img, devs[0])
+	if dev := mountedHere(devs); dev != "" {
+		return errdefs.Conflictf("disk %s: %s is still mounted from %s", id, img, dev)
+	}
+	if devs := waitLoopRelease(img, releaseWait); len(devs) > 0 {
+		// A lazily detached mount of the disk lives on in another mount
+		// namespace made while it was mounted (e.g. by `unshare -m`, whose
+		// default propagation is private). Deleting the image is still
+		// right: the kernel frees it with that namespace.
+		slog.Warn("storage: disk image still held by a mount in another namespace; deleting it anyway",
+			"disk", id, "loop", devs[0])
 	}
 	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("disk %s: %w", id, err)
 	}
 	return nil
+}
+
+// releaseWait bounds how long RemoveDisk waits for the loop device of an
+// unmounted disk to go away (the kernel releases it when the last
+// reference to the filesystem, e.g. a dying jail's mount namespace, drops).
+const releaseWait = 2 * time.Second
+
+// waitLoopRelease waits until no loop device is backed by img, or until
+// the deadline, and returns the devices still using it.
+func waitLoopRelease(img string, d time.Duration) []string {
+	deadline := time.Now().Add(d)
+	for {
+		devs, err := LoopDevicesFor(img)
+		if err != nil || len(devs) == 0 || time.Now().After(deadline) {
+			return devs
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// mountedHere returns the first of devs that a mount of this mount
+// namespace uses, or "".
+func mountedHere(devs []string) string {
+	if len(devs) == 0 {
+		return ""
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		// The mount source follows the " - fstype " separator.
+		_, after, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(after)
+		if len(f) >= 2 && slices.Contains(devs, f[1]) {
+			return f[1]
+		}
+	}
+	return ""
 }
 
 // trim discards the free space of the filesystem mounted at mountpoint, which

@@ -59,7 +59,18 @@ func TestCLI(t *testing.T) {
 		if err := json.Unmarshal([]byte(d.mustCLI(t, "--json", "inspect", name)), &j); err != nil {
 			t.Fatalf("inspect --json: %v", err)
 		}
-		if j.ID != created.ID || j.Stats == nil || !strings.Contains(string(j.Config), `"memory_bytes":268435456`) {
+		var cfg struct {
+			Isolation struct {
+				Resources struct {
+					MemoryBytes int64 `json:"memory_bytes"`
+				} `json:"resources"`
+			} `json:"isolation"`
+			Env map[string]string `json:"env"`
+		}
+		if err := json.Unmarshal(j.Config, &cfg); err != nil {
+			t.Fatalf("inspect --json: config: %v", err)
+		}
+		if j.ID != created.ID || j.Stats == nil || cfg.Isolation.Resources.MemoryBytes != 256<<20 || cfg.Env["FROM_CLI"] != "yes" {
 			t.Errorf("inspect --json: %+v %s", j, j.Config)
 		}
 		if out := d.mustCLI(t, "inspect", name); !strings.Contains(out, "running") {

@@ -36,8 +36,10 @@ const (
 var (
 	// binPath is the agentjail binary built by TestMain.
 	binPath string
-	// envErr says why the suite cannot run here (not root, build failed).
+	// envErr says why the suite cannot run here (not root).
 	envErr error
+	// buildErr is the failure to build the binary: every test fails on it.
+	buildErr error
 
 	sharedMu     sync.Mutex
 	sharedDaemon *daemon
@@ -60,20 +62,26 @@ func runMain(m *testing.M) int {
 		envErr = errors.New("the end-to-end tests need root (mounts, loop devices, cgroups, namespaces)")
 	default:
 		binPath = filepath.Join(binDir, "agentjail")
-		envErr = buildBinary(binPath)
+		buildErr = buildBinary(binPath)
 	}
 	code := m.Run()
-	sharedMu.Lock()
-	d := sharedDaemon
-	sharedDaemon = nil
-	sharedMu.Unlock()
-	if d != nil {
-		if err := d.shutdown(); err != nil {
-			fmt.Fprintln(os.Stderr, "integration: shutting down the shared daemon:", err)
-			code = 1
-		}
+	if err := stopShared(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: shutting down the shared daemon:", err)
+		code = 1
 	}
 	return code
+}
+
+// stopShared shuts the shared daemon down, if one runs.
+func stopShared() error {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	d := sharedDaemon
+	sharedDaemon, sharedErr = nil, nil
+	if d == nil {
+		return nil
+	}
+	return d.shutdown()
 }
 
 // buildBinary builds ./cmd/agentjail (static) to out.
@@ -108,9 +116,13 @@ func repoRoot() (string, error) {
 	return root, nil
 }
 
-// requireEnv skips (or, with CI=true, fails) a test that cannot run here.
+// requireEnv skips (or, with CI=true, fails) a test that cannot run here,
+// and fails every test when the binary did not build.
 func requireEnv(tb testing.TB) {
 	tb.Helper()
+	if buildErr != nil {
+		tb.Fatal(buildErr)
+	}
 	if envErr == nil {
 		return
 	}
@@ -137,9 +149,18 @@ func shared(tb testing.TB) *daemon {
 
 // newDaemon starts a daemon of the test's own on a fresh data dir; it is
 // shut down, torn down and checked for leftovers when the test ends.
+//
+// The shared daemon is shut down first (the next shared call starts a new
+// one): the jail network of a daemon is host-wide (the interface aj0, the
+// nftables table "agentjail", the address 10.88.0.1 and its ports), so two
+// daemons cannot run side by side, and a teardown would take down the
+// network of a daemon still running.
 func newDaemon(t testing.TB) *daemon {
 	t.Helper()
 	requireEnv(t)
+	if err := stopShared(); err != nil {
+		t.Fatalf("shutting down the shared daemon: %v", err)
+	}
 	d, err := startDaemon("")
 	if err != nil {
 		t.Fatalf("starting a daemon: %v", err)
@@ -375,26 +396,23 @@ func (d *daemon) leftovers() []string {
 	}
 	for _, p := range inv.Procs {
 		if d.owns(p) {
-			out = append(out, "process "+p+" "+procState(p))
+			out = append(out, "process "+p)
 		}
 	}
 	return out
 }
 
-// procState describes the state and parent of the process of an
-// inventory line ("pid comm cgroup").
-func procState(line string) string {
-	pid, _, _ := strings.Cut(line, " ")
+// procState returns the state letter of process pid ("" when it is gone).
+func procState(pid string) string {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
-		return "(gone)"
+		return ""
 	}
 	// pid (comm) state ppid ...
 	s := string(b)
 	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		f := strings.Fields(s[i+1:])
-		if len(f) >= 2 {
-			return "state " + f[0] + " ppid " + f[1]
+		if f := strings.Fields(s[i+1:]); len(f) > 0 {
+			return f[0]
 		}
 	}
 	return ""

@@ -33,7 +33,7 @@ type inventory struct {
 	// Procs are processes whose cgroup is a jail's ("pid comm cgroup").
 	Procs []string
 	// Files are the entries of the data dir's per-jail directories
-	// (jails/, pool/disks/, run/) and its top level.
+	// (jails/, pool/disks/, run/runc/).
 	Files []string
 	// TempDirs are agentjail entries of the temp directories.
 	TempDirs []string
@@ -50,7 +50,7 @@ func takeInventory(dir string) inventory {
 	inv.Cgroups = jailCgroups()
 	inv.Netns = dirNames(filepath.Join(dir, "run", "netns"))
 	inv.Procs = jailProcs()
-	for _, sub := range []string{"", "jails", "pool/disks", "run"} {
+	for _, sub := range []string{"jails", "pool/disks", "run/runc"} {
 		for _, n := range dirNames(filepath.Join(dir, sub)) {
 			inv.Files = append(inv.Files, filepath.Join(sub, n))
 		}
@@ -204,8 +204,10 @@ func jailCgroups() []string {
 	return out
 }
 
-// jailProcs lists the processes whose cgroup (in any hierarchy) is under
-// an agentjail cgroup.
+// jailProcs lists the live processes whose cgroup (in any hierarchy) is
+// under an agentjail cgroup. Zombies are left out: they hold nothing but a
+// pid, and a jail's init, reparented to the host's PID 1, stays one until
+// that reaps it.
 func jailProcs() []string {
 	var out []string
 	ents, _ := os.ReadDir("/proc")
@@ -215,7 +217,7 @@ func jailProcs() []string {
 			continue
 		}
 		cg := procJailCgroup(pid)
-		if cg == "" {
+		if cg == "" || procState(strconv.Itoa(pid)) == "Z" {
 			continue
 		}
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))

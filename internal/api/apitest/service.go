@@ -31,6 +31,7 @@ type Service struct {
 
 	mu    sync.Mutex
 	jails map[string]*fakeJail
+	logs  map[string]string
 	next  int
 	// Stops records the grace of every Stop call, in order.
 	Stops []time.Duration
@@ -421,4 +422,37 @@ func (s *Service) Health(context.Context) model.Health {
 		}
 	}
 	return h
+}
+
+// UpdateNetwork replaces the jail's network config.
+func (s *Service) UpdateNetwork(_ context.Context, ref string, n config.Network) (*model.Jail, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	fj.j.Config.Isolation.Network = n
+	j := fj.j
+	return &j, nil
+}
+
+// EventLog returns the lines stored with SetEventLog (empty otherwise).
+func (s *Service) EventLog(_ context.Context, ref, stream string) (io.ReadCloser, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.lookup(ref); err != nil {
+		return nil, err
+	}
+	return io.NopCloser(strings.NewReader(s.logs[ref+"/"+stream])), nil
+}
+
+// SetEventLog stores the content EventLog serves for ref's stream.
+func (s *Service) SetEventLog(ref, stream, content string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		s.logs = map[string]string{}
+	}
+	s.logs[ref+"/"+stream] = content
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/netns"
+	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/procwait"
 	"github.com/agentjail/agentjail/internal/rootfs"
 	"github.com/agentjail/agentjail/internal/storage"
@@ -55,6 +56,10 @@ type Options struct {
 	Pool *storage.Pool
 	// HostLower is the `host` provider's lower tree.
 	HostLower string
+	// Net attaches jails to the daemon's policed network.
+	Net *netpolicy.Manager
+	// AllowHostNetwork permits network mode "host".
+	AllowHostNetwork bool
 	// Log receives diagnostics.
 	Log *slog.Logger
 }
@@ -83,11 +88,14 @@ func New(opts Options) (*Backend, error) {
 	b.caps = backend.Capabilities{
 		Level:            config.LevelContainer,
 		Runtime:          version,
-		NetworkModes:     []string{config.NetIsolated, config.NetNone},
+		NetworkModes:     []string{config.NetIsolated, config.NetNone, config.NetBridge},
 		DiskLimit:        true,
 		UserNamespaces:   true,
 		Checkpoint:       false,
 		CheckpointReason: "checkpointing is not implemented by this daemon yet",
+	}
+	if opts.AllowHostNetwork {
+		b.caps.NetworkModes = append(b.caps.NetworkModes, config.NetHost)
 	}
 	return b, nil
 }
@@ -157,13 +165,13 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 	if err := storage.MountOverlay([]string{lower}, p.upper, p.work, p.merged); err != nil {
 		return fmt.Errorf("jail root: %w", err)
 	}
-	if err := b.writeControl(inst, p); err != nil {
+	if err := b.writeControl(inst, p, nil); err != nil {
 		return err
 	}
 	if err := netns.Create(p.netns); err != nil {
 		return fmt.Errorf("network namespace: %w", err)
 	}
-	return b.writeBundle(inst, p)
+	return b.writeBundle(inst, p, false)
 }
 
 // seedUpper creates the workspace (owned by the jail's user) in the upper
@@ -224,7 +232,7 @@ func lookupUser(lower, user string) (int, int) {
 	return 1000, 1000
 }
 
-func (b *Backend) writeControl(inst backend.Instance, p paths) error {
+func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string]string) error {
 	if err := os.MkdirAll(p.control, 0o700); err != nil {
 		return fmt.Errorf("control dir: %w", err)
 	}
@@ -243,6 +251,14 @@ func (b *Backend) writeControl(inst backend.Instance, p paths) error {
 	for _, k := range keys {
 		env = append(env, k+"="+cfg.Env[k])
 	}
+	netKeys := make([]string, 0, len(netEnv))
+	for k := range netEnv {
+		netKeys = append(netKeys, k)
+	}
+	slices.Sort(netKeys)
+	for _, k := range netKeys {
+		env = append(env, k+"="+netEnv[k])
+	}
 	ic := initproto.InitConfig{
 		JailID:       inst.ID,
 		DefaultUser:  cfg.Isolation.Process.User,
@@ -258,7 +274,7 @@ func (b *Backend) writeControl(inst backend.Instance, p paths) error {
 	return writeFileAtomic(filepath.Join(p.control, initproto.ConfigName), data, 0o600)
 }
 
-func (b *Backend) writeBundle(inst backend.Instance, p paths) error {
+func (b *Backend) writeBundle(inst backend.Instance, p paths, hostNet bool) error {
 	var mounts []oci.Mount
 	if inst.Config.Isolation.Filesystem.Rootfs == config.RootfsHost {
 		for _, m := range rootfs.HostMounts() {
@@ -270,6 +286,7 @@ func (b *Backend) writeBundle(inst backend.Instance, p paths) error {
 		Config:         inst.Config,
 		Rootfs:         p.merged,
 		NetnsPath:      p.netns,
+		HostNetwork:    hostNet,
 		CgroupsPath:    p.cgroup,
 		InitBinary:     b.opts.InitBinary,
 		ControlDir:     p.control,
@@ -311,12 +328,6 @@ func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) er
 			return fmt.Errorf("network namespace: %w", err)
 		}
 	}
-	if err := b.writeControl(inst, p); err != nil {
-		return err
-	}
-	if err := b.writeBundle(inst, p); err != nil {
-		return err
-	}
 	// A container left behind by a crash blocks the id: remove it.
 	if st, _, err := b.runtime.State(ctx, inst.ID); err == nil && st != "running" && st != "paused" {
 		if err := b.runtime.Delete(ctx, inst.ID, true); err != nil {
@@ -333,6 +344,22 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	if err := b.ensure(ctx, inst, p); err != nil {
 		return backend.Status{}, err
 	}
+	att, err := b.attach(ctx, inst, p)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			b.detach(context.WithoutCancel(ctx), inst)
+		}
+	}()
+	if err := b.writeControl(inst, p, att.Env); err != nil {
+		return backend.Status{}, err
+	}
+	if err := b.writeBundle(inst, p, att.HostNetwork); err != nil {
+		return backend.Status{}, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	pid, err := b.runtime.Create(ctx, inst.ID, p.dir)
@@ -342,7 +369,56 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	if err := b.runtime.Start(ctx, inst.ID); err != nil {
 		return backend.Status{}, fmt.Errorf("start jail init: %w", err)
 	}
+	ok = true
 	return backend.Status{Running: true, Pid: pid}, nil
+}
+
+// attach connects the jail's network namespace to the daemon's policed
+// network and installs what the jail needs to use it: resolv.conf and,
+// with TLS inspection, the daemon's CA. Mode none gets loopback only.
+func (b *Backend) attach(ctx context.Context, inst backend.Instance, p paths) (netpolicy.Attachment, error) {
+	n := inst.Config.Isolation.Network
+	if n.Mode == config.NetNone {
+		return netpolicy.Attachment{}, nil
+	}
+	att, err := b.opts.Net.Attach(ctx, netpolicy.Jail{
+		ID: inst.ID, Name: inst.Name, NetnsPath: p.netns, Mode: n.Mode,
+		Policy: netpolicy.FromConfig(inst.Name, n),
+	})
+	if err != nil {
+		return netpolicy.Attachment{}, fmt.Errorf("network: %w", err)
+	}
+	if att.ResolvConf != "" {
+		if err := writeInRoot(p.merged, "/etc/resolv.conf", []byte(att.ResolvConf), 0o644); err != nil {
+			b.detach(ctx, inst)
+			return netpolicy.Attachment{}, err
+		}
+	}
+	if len(att.CAPEM) > 0 {
+		if err := writeInRoot(p.merged, att.CAPath, att.CAPEM, 0o644); err != nil {
+			b.detach(ctx, inst)
+			return netpolicy.Attachment{}, err
+		}
+	}
+	return att, nil
+}
+
+func (b *Backend) detach(ctx context.Context, inst backend.Instance) {
+	if err := b.opts.Net.Detach(ctx, inst.ID); err != nil {
+		b.opts.Log.Error("detaching jail network", "jail", inst.ID, "err", err)
+	}
+}
+
+// Reattach implements backend.Backend.
+func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) error {
+	_, err := b.attach(ctx, inst, b.paths(inst))
+	return err
+}
+
+// UpdateNetwork implements backend.Backend.
+func (b *Backend) UpdateNetwork(ctx context.Context, inst backend.Instance) error {
+	n := inst.Config.Isolation.Network
+	return b.opts.Net.Update(ctx, inst.ID, netpolicy.FromConfig(inst.Name, n))
 }
 
 // Stop implements backend.Backend.
@@ -361,7 +437,9 @@ func (b *Backend) Stop(ctx context.Context, inst backend.Instance, grace time.Du
 			cancel()
 		}
 	}
-	return b.kill(ctx, inst.ID, pid)
+	err = b.kill(ctx, inst.ID, pid)
+	b.detach(ctx, inst)
+	return err
 }
 
 // kill SIGKILLs every process of the container, waits for init, and
@@ -393,6 +471,9 @@ func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
 		errs = append(errs, b.kill(ctx, inst.ID, pid))
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
+	}
+	if err := b.opts.Net.Detach(ctx, inst.ID); err != nil {
+		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
 	if err := cgroups.Remove(p.cgroup); err != nil {
 		errs = append(errs, fmt.Errorf("cgroup: %w", err))

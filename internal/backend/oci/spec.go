@@ -74,6 +74,9 @@ type SpecOptions struct {
 	Rootfs string
 	// NetnsPath is the network namespace made by the daemon, joined by path.
 	NetnsPath string
+	// HostNetwork makes the jail share the host's network namespace
+	// (network mode "host", a daemon opt-in); NetnsPath is then unused.
+	HostNetwork bool
 	// CgroupsPath is the absolute cgroup path, e.g. "/agentjail/<id>" (a
 	// relative one would nest the memory cgroup under the caller's).
 	CgroupsPath string
@@ -225,10 +228,14 @@ func (o *SpecOptions) check() error {
 	if o.Config == nil {
 		return errdefs.Invalidf("spec %s: Config is required", o.ID)
 	}
-	for _, p := range []struct{ name, v string }{
-		{"Rootfs", o.Rootfs}, {"NetnsPath", o.NetnsPath}, {"CgroupsPath", o.CgroupsPath},
+	paths := []struct{ name, v string }{
+		{"Rootfs", o.Rootfs}, {"CgroupsPath", o.CgroupsPath},
 		{"InitBinary", o.InitBinary}, {"ControlDir", o.ControlDir},
-	} {
+	}
+	if !o.HostNetwork {
+		paths = append(paths, struct{ name, v string }{"NetnsPath", o.NetnsPath})
+	}
+	for _, p := range paths {
 		if !filepath.IsAbs(p.v) {
 			return errdefs.Invalidf("spec %s: %s %q must be an absolute path", o.ID, p.name, p.v)
 		}
@@ -256,7 +263,9 @@ func (o *SpecOptions) namespaces() []specs.LinuxNamespace {
 		{Type: specs.IPCNamespace},
 		{Type: specs.UTSNamespace},
 		{Type: specs.CgroupNamespace},
-		{Type: specs.NetworkNamespace, Path: o.NetnsPath},
+	}
+	if !o.HostNetwork {
+		ns = append(ns, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: o.NetnsPath})
 	}
 	if userns(o.Config) {
 		ns = append(ns, specs.LinuxNamespace{Type: specs.UserNamespace})

@@ -420,3 +420,47 @@ func TestSocketAddressDecoded(t *testing.T) {
 		t.Fatal("no connect event with address 127.0.0.1:9")
 	}
 }
+
+func TestRecorderEndToEnd(t *testing.T) {
+	tr := tracer(t)
+	dir := filepath.Join(t.TempDir(), "events")
+	w, err := observe.OpenWriter(dir, observe.WriterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus := observe.NewBus(1 << 16)
+	rec := observe.NewRecorder(w, bus)
+	work := t.TempDir()
+	cg := newCgroup(t)
+	if err := tr.Watch(cg.id, "e2e", Options{Sink: rec}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := cg.command("/bin/sh", "-c", "printf hello > "+work+"/f").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if err := tr.Unwatch(cg.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.Close(); err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if s := read(observe.SyscallsFile); !strings.Contains(s, `"name":"write"`) {
+		t.Errorf("syscalls.jsonl has no write:\n%.400s", s)
+	}
+	if s := read(observe.ProcessesFile); !strings.Contains(s, `"op":"exec"`) || !strings.Contains(s, `"exit_code":0`) {
+		t.Errorf("processes.jsonl:\n%s", s)
+	}
+	if s := read(observe.FilesystemFile); !strings.Contains(s, `"op":"write","path":"`+work+`/f","bytes":5`) {
+		t.Errorf("filesystem.jsonl has no 5-byte write to %s/f:\n%s", work, s)
+	}
+	if bus.Last() == 0 {
+		t.Error("nothing published on the bus")
+	}
+}

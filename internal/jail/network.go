@@ -1,0 +1,122 @@
+package jail
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/netpolicy"
+)
+
+// hostsResolver answers static entries first, then asks the host's resolver.
+type hostsResolver struct {
+	hosts map[string][]netip.Addr
+}
+
+// LookupNetIP implements netpolicy.Resolver.
+func (r hostsResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	if addrs, ok := r.hosts[strings.ToLower(strings.TrimSuffix(host, "."))]; ok {
+		var out []netip.Addr
+		for _, a := range addrs {
+			if network == "ip" || (network == "ip4") == a.Is4() {
+				out = append(out, a)
+			}
+		}
+		if len(out) == 0 {
+			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+		}
+		return out, nil
+	}
+	return net.DefaultResolver.LookupNetIP(ctx, network, host)
+}
+
+// netLogs appends network records to each jail's events/network.jsonl.
+var netLogs sync.Mutex
+
+// recordNet stores one network record of a jail.
+func (m *Manager) recordNet(jailID string, ev netpolicy.ConnEvent) {
+	line, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	line = append(line, '\n')
+	dir := filepath.Join(m.jailDir(jailID), "events")
+	netLogs.Lock()
+	defer netLogs.Unlock()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "network.jsonl"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.Write(line)
+}
+
+// UpdateNetwork replaces a jail's network policy. A running jail obeys it
+// for new connections at once. The mode cannot change while it runs.
+func (m *Manager) UpdateNetwork(ctx context.Context, ref string, n config.Network) (*model.Jail, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	j := e.snapshot()
+	if n.Mode == "" {
+		n.Mode = j.Config.Isolation.Network.Mode
+	}
+	if n.Mode != j.Config.Isolation.Network.Mode && j.Status == model.StateRunning {
+		return nil, errdefs.Conflictf("network.mode: jail %s runs with mode %q; stop it to change the mode", j.Name, j.Config.Isolation.Network.Mode)
+	}
+	cfg := j.Config
+	cfg.Isolation.Network = n
+	if err := cfg.Validate(m.host); err != nil {
+		return nil, err
+	}
+	if j.Status == model.StateRunning {
+		inst := m.instance(e)
+		inst.Config = &cfg
+		if err := m.backend.UpdateNetwork(ctx, inst); err != nil {
+			return nil, err
+		}
+	}
+	m.setState(e, func(j *model.Jail) { j.Config = cfg })
+	return e.view(), nil
+}
+
+// eventFiles maps EventLog's stream names to files under events/.
+var eventFiles = map[string]string{
+	"network":    "network.jsonl",
+	"syscalls":   "syscalls.jsonl",
+	"filesystem": "filesystem.jsonl",
+	"processes":  "processes.jsonl",
+}
+
+// EventLog opens one of a jail's JSONL event files.
+func (m *Manager) EventLog(ctx context.Context, ref, stream string) (io.ReadCloser, error) {
+	name, ok := eventFiles[stream]
+	if !ok {
+		return nil, errdefs.Invalidf("event stream %q: want network, syscalls, filesystem or processes", stream)
+	}
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(filepath.Join(e.dir, "events", name))
+	if errors.Is(err, os.ErrNotExist) {
+		return io.NopCloser(strings.NewReader("")), nil
+	}
+	return f, err
+}
