@@ -307,6 +307,11 @@ func (ex *execution) startCommand(spec *shimSpec) (err error) {
 	parents, childFds = append(parents, errR), append(childFds, errW)
 
 	if err := ex.sh.send(shimMsgRun, spec, []int{stdinChild, outW, errW}); err != nil {
+		var pe *initproto.Error
+		if errors.As(err, &pe) {
+			ex.srv.shims.put(ex.sh) // nothing was sent
+			return err
+		}
 		ex.sh.ctrl.Close() // a shim that cannot be talked to exits on EOF
 		return fmt.Errorf("start command: %w", err)
 	}

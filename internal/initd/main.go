@@ -79,6 +79,11 @@ func runInit(dir string) error {
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return fmt.Errorf("parse config %s: %w", initproto.ConfigName, err)
 	}
+	// The daemon creates the control directory 0700; keep it so even if
+	// something in the jail's image changed it.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("control directory: %w", err)
+	}
 	logFile, err := os.OpenFile(filepath.Join(dir, initproto.LogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("open log: %w", err)
@@ -120,22 +125,31 @@ func runInit(dir string) error {
 			logger.Printf("serve: %v", err)
 		}
 	}()
-	for sig := range sigs {
-		s := sig.(unix.Signal)
-		srv.Forward(s)
-		if s == unix.SIGHUP {
-			continue
+	var stopped chan struct{} // closed when a shutdown has completed
+	for {
+		select {
+		case sig := <-sigs:
+			s := sig.(unix.Signal)
+			// Forwarded during the grace period too.
+			srv.Forward(s)
+			if s == unix.SIGHUP || stopped != nil {
+				continue
+			}
+			logger.Printf("%v: shutting down", s)
+			stopped = make(chan struct{})
+			go func() {
+				defer close(stopped)
+				ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+				defer cancel()
+				if err := srv.Shutdown(ctx); err != nil {
+					logger.Printf("shutdown: commands killed after %v", shutdownGrace)
+				}
+			}()
+		case <-stopped:
+			logger.Printf("shut down")
+			return nil
 		}
-		logger.Printf("%v: shutting down", s)
-		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-		err := srv.Shutdown(ctx)
-		cancel()
-		if err != nil {
-			logger.Printf("shutdown: commands killed after %v", shutdownGrace)
-		}
-		return nil
 	}
-	return nil
 }
 
 // listen creates the control socket with mode 0600. The umask is tightened

@@ -94,7 +94,7 @@ func runShim() int {
 	// Catch (rather than ignore) termination signals: an ignored signal
 	// would stay ignored in the commands the shim starts.
 	signal.Notify(make(chan os.Signal, 1), unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-	s := &shim{buf: make([]byte, 1<<20), oob: make([]byte, unix.CmsgSpace(3*4))}
+	s := &shim{buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4))}
 	for {
 		m := s.recv()
 		switch {

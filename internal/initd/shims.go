@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/initproto"
 )
 
 // shimProc is init's handle on one shim process.
@@ -41,6 +43,9 @@ func (p *shimProc) send(typ byte, v any, fds []int) error {
 		body = b
 	}
 	msg := append([]byte{typ}, body...)
+	if len(msg) > maxShimMsg {
+		return newError(initproto.KindInvalid, "", "command too large: argv and environment take %d bytes, at most %d are allowed", len(msg), maxShimMsg)
+	}
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
@@ -95,6 +100,10 @@ type shimPool struct {
 	closed    bool
 	lingering map[*shimProc]struct{}
 }
+
+// maxShimMsg bounds a control message to a shim (a command's argv and
+// environment).
+const maxShimMsg = 1 << 20
 
 // maxIdleShims bounds the idle pool.
 const maxIdleShims = 2
@@ -182,6 +191,10 @@ func (sp *shimPool) spawn() (*shimProc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shim control socket: %w", err)
 	}
+	// Room for a run message with a large argv and environment; root may
+	// exceed the system's default buffer sizes.
+	_ = unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 2*maxShimMsg)
+	_ = unix.SetsockoptInt(fds[1], unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 2*maxShimMsg)
 	if err := unix.SetNonblock(fds[0], true); err != nil {
 		unix.Close(fds[0])
 		unix.Close(fds[1])
