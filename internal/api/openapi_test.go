@@ -2,7 +2,9 @@ package api
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -95,34 +97,45 @@ func jsonNames(t reflect.Type) []string {
 func TestOpenAPISchemas(t *testing.T) {
 	doc := loadOpenAPI(t)
 	for name, v := range map[string]any{
-		"Jail":           model.Jail{},
-		"Stats":          model.Stats{},
-		"CreateRequest":  model.CreateRequest{},
-		"ExecRequest":    model.ExecRequest{},
-		"ExecResult":     model.ExecResult{},
-		"StreamEvent":    StreamEvent{},
-		"FileInfo":       model.FileInfo{},
-		"DirListing":     DirListing{},
-		"AccessResult":   model.AccessResult{},
-		"Health":         model.Health{},
-		"Check":          model.Check{},
-		"JailList":       JailList{},
-		"StopRequest":    StopRequest{},
-		"Error":          ErrorBody{},
-		"Config":         config.Config{},
-		"Isolation":      config.Isolation{},
-		"Filesystem":     config.Filesystem{},
-		"Mount":          config.Mount{},
-		"Network":        config.Network{},
-		"EgressRule":     config.EgressRule{},
-		"IngressRule":    config.IngressRule{},
-		"InterAgentRule": config.InterAgentRule{},
-		"Resources":      config.Resources{},
-		"Process":        config.Process{},
-		"Namespaces":     config.Namespaces{},
-		"SeccompProfile": config.SeccompProfile{},
-		"SeccompSyscall": config.SeccompSyscall{},
-		"SeccompArg":     config.SeccompArg{},
+		"Jail":            model.Jail{},
+		"Stats":           model.Stats{},
+		"CreateRequest":   model.CreateRequest{},
+		"ExecRequest":     model.ExecRequest{},
+		"ExecResult":      model.ExecResult{},
+		"StreamEvent":     StreamEvent{},
+		"FileInfo":        model.FileInfo{},
+		"DirListing":      DirListing{},
+		"AccessResult":    model.AccessResult{},
+		"Health":          model.Health{},
+		"Check":           model.Check{},
+		"JailList":        JailList{},
+		"StopRequest":     StopRequest{},
+		"Error":           ErrorBody{},
+		"Config":          config.Config{},
+		"Isolation":       config.Isolation{},
+		"Filesystem":      config.Filesystem{},
+		"Mount":           config.Mount{},
+		"Network":         config.Network{},
+		"EgressRule":      config.EgressRule{},
+		"IngressRule":     config.IngressRule{},
+		"InterAgentRule":  config.InterAgentRule{},
+		"Resources":       config.Resources{},
+		"Process":         config.Process{},
+		"Namespaces":      config.Namespaces{},
+		"SeccompProfile":  config.SeccompProfile{},
+		"SeccompSyscall":  config.SeccompSyscall{},
+		"SeccompArg":      config.SeccompArg{},
+		"Tracing":         config.Tracing{},
+		"NetworkLimits":   config.NetworkLimits{},
+		"Credential":      config.Credential{},
+		"ObservedProcess": model.Process{},
+		"ProcessTree":     model.ProcessTree{},
+		"Change":          model.Change{},
+		"FsDiff":          model.FsDiff{},
+		"SyscallStat":     model.SyscallStat{},
+		"FileStat":        model.FileStat{},
+		"NetStat":         model.NetStat{},
+		"Report":          model.Report{},
 	} {
 		s, ok := doc.Components.Schemas[name]
 		if !ok {
@@ -136,6 +149,30 @@ func TestOpenAPISchemas(t *testing.T) {
 		slices.Sort(documented)
 		if want := jsonNames(reflect.TypeOf(v)); !slices.Equal(documented, want) {
 			t.Errorf("schema %s has properties %v; the Go type has %v", name, documented, want)
+		}
+	}
+}
+
+// TestOpenAPIRefs checks that every $ref in the document points at a
+// component that exists.
+func TestOpenAPIRefs(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "api", "openapi.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	refs := regexp.MustCompile(`\$ref: "#/components/([a-z]+)/([A-Za-z_]+)"`).FindAllStringSubmatch(string(data), -1)
+	if len(refs) == 0 {
+		t.Fatal("no $ref found")
+	}
+	comps, _ := doc["components"].(map[string]any)
+	for _, r := range refs {
+		group, _ := comps[r[1]].(map[string]any)
+		if _, ok := group[r[2]]; !ok {
+			t.Errorf("$ref to missing component %s/%s", r[1], r[2])
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/observe"
 )
 
 // Service is what the API serves; *jail.Manager implements it. A ref is a
@@ -73,6 +74,16 @@ type Service interface {
 	// "syscalls", "filesystem", "processes"); an empty reader when none was
 	// written yet. The caller closes it.
 	EventLog(ctx context.Context, ref, stream string) (io.ReadCloser, error)
+	// Events subscribes to the jail's live event stream from sequence
+	// number after (0: the oldest event the ring still holds) for the given
+	// types ("syscall", "file", "net", "proc", "lost"; none: all).
+	Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, error)
+	// Processes returns the jail's observed process tree.
+	Processes(ctx context.Context, ref string) (*model.ProcessTree, error)
+	// FsDiff lists what the jail changed in its root filesystem.
+	FsDiff(ctx context.Context, ref string) (*model.FsDiff, error)
+	// Report returns the whole observation of the jail as one document.
+	Report(ctx context.Context, ref string) (*model.Report, error)
 	// Health reports the daemon's state; it never fails.
 	Health(ctx context.Context) model.Health
 }
@@ -117,6 +128,10 @@ var routes = []route{
 	{http.MethodDelete, "/jails/{id}/files/{path...}", (*server).deleteFile, true},
 	{http.MethodPut, "/jails/{id}/network", (*server).putNetwork, true},
 	{http.MethodGet, "/jails/{id}/network/log", (*server).networkLog, true},
+	{http.MethodGet, "/jails/{id}/events", (*server).events, true},
+	{http.MethodGet, "/jails/{id}/processes", (*server).processes, true},
+	{http.MethodGet, "/jails/{id}/fs/diff", (*server).fsDiff, true},
+	{http.MethodGet, "/jails/{id}/report", (*server).report, true},
 }
 
 type server struct {

@@ -42,6 +42,11 @@ type Instance struct {
 	Config *config.Config
 	// Hostname of the jail.
 	Hostname string
+	// OnCreated, when set, is called by Start once the jail's processes
+	// and cgroup exist and before its init executes anything (so that
+	// observation covers the jail from its first instruction). An error
+	// aborts the start.
+	OnCreated func(cgroupPath string) error
 }
 
 // Status is what a backend knows of a jail's processes.
@@ -50,12 +55,20 @@ type Status struct {
 	Running bool
 	// Pid is init's host pid while Running.
 	Pid int
+	// CgroupPath is the jail's cgroup (as given to the runtime).
+	CgroupPath string
 }
 
 // Stats is a jail's live resource usage.
 type Stats struct {
 	MemoryBytes, MemoryLimitBytes, CPUTimeNs, Pids, PidsLimit, OOMKills uint64
 	DiskUsedBytes, DiskLimitBytes                                       uint64
+}
+
+// Layered is implemented by backends whose jails have an overlay root:
+// Layers returns the host paths of a jail's lower tree and upper layer.
+type Layered interface {
+	Layers(inst Instance) (lower, upper string, err error)
 }
 
 // Backend runs jails at one isolation level. Methods may be called

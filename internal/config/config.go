@@ -14,6 +14,26 @@ type Config struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Hostname of the jail's UTS namespace (default: the jail's name).
 	Hostname string `json:"hostname,omitempty"`
+	// Tracing selects what the observation layer records.
+	Tracing Tracing `json:"tracing"`
+}
+
+// Tracing modes.
+const (
+	TraceFull       = "full"
+	TraceNoSyscalls = "no-syscalls"
+	TraceOff        = "off"
+)
+
+// Tracing selects what is recorded of a jail.
+type Tracing struct {
+	// Mode is full (default: syscalls, processes, files, network),
+	// no-syscalls (processes, files and network only) or off.
+	Mode string `json:"mode"`
+	// Include limits recorded syscalls to these names (empty: all).
+	Include []string `json:"include,omitempty"`
+	// Exclude drops these syscall names from the record.
+	Exclude []string `json:"exclude,omitempty"`
 }
 
 // Isolation levels.

@@ -28,6 +28,9 @@ const (
 
 // ApplyDefaults fills every unset field of c with its default.
 func (c *Config) ApplyDefaults() {
+	if c.Tracing.Mode == "" {
+		c.Tracing.Mode = TraceFull
+	}
 	iso := &c.Isolation
 	if iso.Level == "" {
 		iso.Level = LevelContainer

@@ -54,6 +54,11 @@ func (c *Config) Validate(h Host) error {
 			return errdefs.Unprocessablef("env: values may not contain NUL bytes")
 		}
 	}
+	switch c.Tracing.Mode {
+	case TraceFull, TraceNoSyscalls, TraceOff:
+	default:
+		return errdefs.Unprocessablef("tracing.mode: %q (expected full, no-syscalls or off)", c.Tracing.Mode)
+	}
 	if err := iso.Filesystem.validate(); err != nil {
 		return err
 	}

@@ -56,6 +56,17 @@ func TestExecArgvEnvCwd(t *testing.T) {
 	}
 }
 
+// TestExecOnlyStdio checks that a command inherits no descriptor but its
+// stdio (no control socket of the shim, no pipe of another command).
+func TestExecOnlyStdio(t *testing.T) {
+	e := newEnv(t)
+	// ls itself opens the directory as 3.
+	out, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{"ls", "/proc/self/fd"}}, strings.NewReader(""))
+	if st.Code != 0 || strings.Join(strings.Fields(out), " ") != "0 1 2 3" {
+		t.Fatalf("open descriptors: %q (%+v)", out, st)
+	}
+}
+
 func TestExecUsers(t *testing.T) {
 	e := newEnv(t)
 	for _, tc := range []struct{ user, want string }{
@@ -400,5 +411,38 @@ func TestUnavailableAndLongSocketPath(t *testing.T) {
 	}
 	if err := initclient.New(p).Ping(context.Background()); err != nil {
 		t.Fatalf("long path: %v", err)
+	}
+}
+
+func TestExecLargeArgvAndReservedOps(t *testing.T) {
+	e := newEnv(t)
+	arg := strings.Repeat("a", 100000) // under the kernel's per-argument limit
+	out, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{"sh", "-c", `echo $(( ${#1} + ${#2} + ${#3} ))`, "_", arg, arg, arg}}, nil)
+	if strings.TrimSpace(out) != "300000" || st.Code != 0 {
+		t.Fatalf("large argv: %q %+v", out, st)
+	}
+	var env []string
+	for i := range 12 {
+		env = append(env, "BIG"+strings.Repeat("X", i)+"="+strings.Repeat("v", 100000))
+	}
+	if _, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"true"}, Env: env}, nil, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("oversized environment: %v", err)
+	}
+	// The server still works after refusing it.
+	if o, _, _ := run(t, e.c, initproto.ExecRequest{Argv: []string{"echo", "ok"}}, nil); o != "ok\n" {
+		t.Fatalf("%q", o)
+	}
+	// Attach is reserved: a clear "not implemented".
+	conn, err := netDial(e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := initproto.WriteJSON(conn, initproto.MsgAttach, initproto.AttachRequest{Pid: 1}); err != nil {
+		t.Fatal(err)
+	}
+	typ, p, err := initproto.ReadFrame(conn, nil)
+	if err != nil || typ != initproto.MsgError || !strings.Contains(string(p), initproto.KindNotImplemented) {
+		t.Fatalf("attach: %s %s %v", typ, p, err)
 	}
 }

@@ -478,3 +478,45 @@ func TestSymlinkSwapRace(t *testing.T) {
 		t.Fatalf("outside directory changed: %v", ents)
 	}
 }
+
+// TestDiskFullAndReadOnly checks ENOSPC and EROFS mapping on real mounts
+// inside the root.
+func TestDiskFullAndReadOnly(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	small := filepath.Join(e.root, "small")
+	mustMkdir(t, small, 0o755)
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=256k"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(small, unix.MNT_DETACH) })
+	_, err := e.c.WriteFile(ctx, "/small/big", bytes.NewReader(make([]byte, 4<<20)), initproto.WriteOptions{})
+	if !errors.Is(err, errdefs.ErrTooLarge) || !strings.Contains(err.Error(), "no space left in the jail's disk") {
+		t.Fatalf("disk full: %v", err)
+	}
+	ents, _ := os.ReadDir(small)
+	if len(ents) != 0 {
+		t.Fatalf("a failed write left %v", ents)
+	}
+
+	ro := filepath.Join(e.root, "ro")
+	mustMkdir(t, ro, 0o755)
+	mustWrite(t, filepath.Join(ro, "f"), "data", 0o666)
+	if err := unix.Mount(ro, ro, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(ro, unix.MNT_DETACH) })
+	if err := unix.Mount("", ro, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remount read-only: %v", err)
+	}
+	if _, err := writeStr(e.c, "/ro/f", "x", initproto.WriteOptions{}); !errors.Is(err, errdefs.ErrForbidden) {
+		t.Fatalf("write on a read-only mount: %v", err)
+	}
+	ok, reason, err := e.c.Access(ctx, "/ro/f", true, "root")
+	if err != nil || ok || !strings.Contains(reason, "read-only") {
+		t.Fatalf("access on a read-only mount: %v %q %v", ok, reason, err)
+	}
+	if s, err := readAll(e.c, "/ro/f"); err != nil || s != "data" {
+		t.Fatalf("read on a read-only mount: %q %v", s, err)
+	}
+}

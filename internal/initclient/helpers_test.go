@@ -1,7 +1,6 @@
 package initclient_test
 
 import (
-	"bufio"
 	"context"
 	"net"
 	"os"
@@ -227,12 +226,6 @@ func pidsOf(t testing.TB, lines []string) []int {
 		pids = append(pids, p)
 	}
 	return pids
-}
-
-// firstLine reads one line from r.
-func firstLine(r *bufio.Reader) string {
-	l, _ := r.ReadString('\n')
-	return l
 }
 
 // netDial connects to a unix socket.

@@ -26,28 +26,33 @@ type process struct {
 	mu       sync.Mutex
 	finished bool // the shim reported the exit; it may serve another command
 	killed   bool
+	timedOut bool // the kill came from the timeout
 }
 
-// kill asks the shim to kill the command and all its descendants. It
-// returns false when the command already finished or a kill was already
-// requested. Once finished, no kill reaches the shim, which may by then
-// run another command.
-func (p *process) kill() bool {
+// kill asks the shim to kill the command and all its descendants, unless
+// the command already finished or a kill was already requested. Once
+// finished, no kill reaches the shim, which may by then run another
+// command.
+func (p *process) kill() { p.killFor(false) }
+
+// killFor is kill, recording whether the timeout asked for it.
+func (p *process) killFor(timeout bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.finished || p.killed {
-		return false
+		return
 	}
-	p.killed = true
+	p.killed, p.timedOut = true, timeout
 	p.shim.kill()
-	return true
 }
 
-// finish marks the command as finished.
-func (p *process) finish() {
+// finish marks the command as finished and reports whether its timeout
+// killed it.
+func (p *process) finish() (timedOut bool) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.finished = true
-	p.mu.Unlock()
+	return p.timedOut
 }
 
 // defaultPath is the PATH used for the executable lookup when the
@@ -210,7 +215,7 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	s.mu.Unlock()
 	defer s.execs.Done()
 	if fail != nil {
-		return sendStartFailure(c, 0, fail)
+		return sendStartFailure(c, fail)
 	}
 
 	sh, err := s.shims.get()
@@ -223,7 +228,7 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	}
 	if ex.failure != nil {
 		s.shims.put(sh)
-		return sendStartFailure(c, 0, ex.failure)
+		return sendStartFailure(c, ex.failure)
 	}
 	ex.proc = &process{shim: sh, info: initproto.ProcessInfo{
 		Pid: ex.pid, Argv: req.Argv, Cwd: spec.Dir, User: id.Name, StartedAt: ex.start, TimeoutMs: req.TimeoutMs,
@@ -237,14 +242,14 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 
 // sendStartFailure answers an exec whose executable could not be run as a
 // process that printed why and exited with the shell's code.
-func sendStartFailure(c *conn, pid int, f *startFailure) error {
-	if err := c.sendJSON(initproto.MsgStarted, initproto.Started{Pid: pid}); err != nil {
+func sendStartFailure(c *conn, f *startFailure) error {
+	if err := c.sendJSON(initproto.MsgStarted, initproto.Started{}); err != nil {
 		return nil
 	}
 	if err := c.send(initproto.MsgStderr, []byte(f.Message)); err != nil {
 		return nil
 	}
-	_ = c.sendJSON(initproto.MsgExit, initproto.ExitStatus{Code: f.Code, Pid: pid})
+	_ = c.sendJSON(initproto.MsgExit, initproto.ExitStatus{Code: f.Code})
 	return nil
 }
 
@@ -263,7 +268,6 @@ type execution struct {
 	stdout, stderr *os.File
 
 	ended    atomic.Bool // Exit is being sent; a client EOF no longer kills
-	timedOut atomic.Bool
 	connDead atomic.Bool
 }
 
@@ -371,17 +375,16 @@ func (ex *execution) run() {
 	var timer *time.Timer
 	if ex.req.TimeoutMs > 0 {
 		timer = time.AfterFunc(time.Duration(ex.req.TimeoutMs)*time.Millisecond, func() {
-			ex.timedOut.Store(true)
-			ex.proc.kill()
+			ex.proc.killFor(true)
 		})
 	}
 
 	res, shimOK := ex.waitExit()
-	ex.proc.finish()
+	timedOut := ex.proc.finish()
 	if timer != nil {
 		timer.Stop()
 	}
-	status := initproto.ExitStatus{Pid: ex.pid, DurationNs: int64(time.Since(ex.start)), TimedOut: ex.timedOut.Load()}
+	status := initproto.ExitStatus{Pid: ex.pid, DurationNs: int64(time.Since(ex.start)), TimedOut: timedOut}
 	if res.Exited {
 		status.Code = res.Code
 	} else {
@@ -443,6 +446,7 @@ func (ex *execution) waitExit() (res shimExit, shimOK bool) {
 // the command's exit, the read deadline is set: pump then reads what is
 // left in the pipe without blocking and returns.
 func (ex *execution) pump(f *os.File, t initproto.MsgType, wg *sync.WaitGroup) {
+	defer recoverPanic(ex.srv.log, "output pump")
 	defer wg.Done()
 	buf := make([]byte, initproto.ChunkSize)
 	emit := func(b []byte) {
@@ -490,6 +494,7 @@ func drain(f *os.File, buf []byte, emit func([]byte)) {
 // readClient reads the client's stream frames: stdin data and its end. A
 // client that goes away before Exit gets the command tree killed.
 func (ex *execution) readClient(done chan<- struct{}) {
+	defer recoverPanic(ex.srv.log, "exec client reader")
 	defer close(done)
 	stdinOpen := ex.stdin != nil
 	for {

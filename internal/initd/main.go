@@ -1,10 +1,25 @@
 // Package initd is agentjail's in-jail init: PID 1 of every jail. It reads
 // its configuration from the control directory, serves the control
 // protocol of internal/initproto on a unix socket there, starts every
-// command of the jail as its own descendant (through a per-command
-// subreaper shim, so a command's whole process tree can be killed), reaps
-// every zombie, forwards termination signals to the commands, and performs
-// file operations confined to the jail's root.
+// command of the jail as its own descendant, reaps every zombie, forwards
+// termination signals to the commands, and performs file operations
+// confined to the jail's root.
+//
+// Commands. Init never forks commands itself: each runs under a shim, a
+// root process re-executed from init's own binary (`init --shim`) that is
+// a child subreaper, so every descendant of the command, including
+// setsid() daemons and double-forked orphans, stays below it and can be
+// killed (on timeout, cancellation, client disconnect or shutdown) until
+// none is left. Shims are reused: one whose command left nothing behind
+// returns to a small idle pool, so a command costs one fork+exec, not a Go
+// runtime start-up. An exec ends when the command exits: output it wrote
+// is delivered; background processes it left keep running (their shim
+// stays with them until they exit) but lose the exec's stdout and stderr.
+//
+// Files. File operations run with init's (root) privileges and resolve
+// every path with openat2(RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS) relative
+// to the root's directory fd; the jail's blocked paths are checked on the
+// resolved path. Writes go to a temporary file renamed over the target.
 //
 // The package imports only the standard library (without net/http) and
 // golang.org/x/sys, so the init stays small; a test enforces it.
@@ -71,6 +86,10 @@ func Main(args []string) int {
 // runInit is init's life; it returns only a start error or nil after a
 // graceful shutdown.
 func runInit(dir string) error {
+	// Descriptors inherited beyond stdio must not reach shims and commands.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
+	}
 	data, err := os.ReadFile(filepath.Join(dir, initproto.ConfigName))
 	if err != nil {
 		return fmt.Errorf("read config: %w", err)

@@ -181,8 +181,11 @@ func TestPID1(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(unshare, "--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private",
+	// If the test process dies, unshare gets SIGKILL and passes it on to
+	// init, which takes its namespace down.
+	cmd := exec.Command(unshare, "--pid", "--fork", "--kill-child=SIGKILL", "--mount", "--mount-proc", "--propagation", "private",
 		bin, "init", "--control-dir", ctl)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -324,6 +324,14 @@ func (s *Server) handle(nc net.Conn) {
 	}
 }
 
+// recoverPanic, deferred first in a goroutine, logs a panic instead of
+// letting it end init (and with it the jail).
+func recoverPanic(l *log.Logger, what string) {
+	if v := recover(); v != nil {
+		l.Printf("%s panic: %v\n%s", what, v, debug.Stack())
+	}
+}
+
 // checkPeer accepts only peers outside init's pid namespace, whose pid
 // reads as 0 through SO_PEERCRED.
 func checkPeer(nc net.Conn) error {

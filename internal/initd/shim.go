@@ -91,6 +91,13 @@ func runShim() int {
 		fmt.Fprintf(os.Stderr, "agentjail shim: set child subreaper: %v\n", err)
 		return 1
 	}
+	// Nothing but stdio may leak into commands: not the control socket
+	// (a command could forge reports to init), nor anything the shim
+	// inherited by mistake.
+	if err := unix.CloseRange(shimCtrlFd, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail shim: mark descriptors close-on-exec: %v\n", err)
+		return 1
+	}
 	// Catch (rather than ignore) termination signals: an ignored signal
 	// would stay ignored in the commands the shim starts.
 	signal.Notify(make(chan os.Signal, 1), unix.SIGTERM, unix.SIGINT, unix.SIGHUP)

@@ -131,7 +131,10 @@ type WriteOptions struct {
 	MkdirParents bool `json:"mkdir_parents,omitempty"`
 }
 
-// WriteRequest writes a file (MsgWriteFile).
+// WriteRequest writes a file (MsgWriteFile). The file is replaced
+// atomically: init writes a temporary file in the target's directory and
+// renames it over the target. A final symlink is refused, never followed;
+// a file with several hard links is replaced, never written through.
 type WriteRequest struct {
 	Path string `json:"path"`
 	WriteOptions

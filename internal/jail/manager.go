@@ -28,6 +28,7 @@ import (
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/netpolicy"
+	"github.com/agentjail/agentjail/internal/observe/bpf"
 	"github.com/agentjail/agentjail/internal/procwait"
 	"github.com/agentjail/agentjail/internal/rootfs"
 	"github.com/agentjail/agentjail/internal/storage"
@@ -67,7 +68,11 @@ type Manager struct {
 	pool    *storage.Pool
 	net     *netpolicy.Manager
 	watcher *procwait.Watcher
-	host    config.Host
+	// tracer is the kernel side of observation, shared by all jails; nil
+	// when it cannot load here (tracerErr says why).
+	tracer    *bpf.Tracer
+	tracerErr error
+	host      config.Host
 
 	mu    sync.Mutex
 	jails map[string]*entry // by id
@@ -81,6 +86,8 @@ type entry struct {
 	rec    model.Jail
 	dir    string
 	unwait func()
+	// obs is the record of the jail's current (or last) run.
+	obs *observation
 }
 
 // view is the jail as the API shows it: credential values redacted.
@@ -170,6 +177,10 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		m.pool.Close()
 		return nil, err
 	}
+	if m.tracer, err = bpf.Open(); err != nil {
+		m.tracerErr = fmt.Errorf("kernel-side observation is unavailable: %w", err)
+		m.log.Warn("jails will run unobserved", "err", err)
+	}
 	m.watcher, err = procwait.NewWatcher()
 	if err != nil {
 		m.pool.Close()
@@ -196,7 +207,11 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 // Close releases the manager's background resources. Jails keep running
 // and are re-adopted by the next manager on the same data dir.
 func (m *Manager) Close() error {
-	return errors.Join(m.net.Close(), m.pool.Close())
+	var errs []error
+	if m.tracer != nil {
+		errs = append(errs, m.tracer.Close())
+	}
+	return errors.Join(append(errs, m.net.Close(), m.pool.Close())...)
 }
 
 // defaultPoolSize is 64 GiB or 90 % of the free space, whichever is smaller.
@@ -310,6 +325,9 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 	cfg := req.Config
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(m.host); err != nil {
+		return nil, err
+	}
+	if err := validateTracing(&cfg.Tracing); err != nil {
 		return nil, err
 	}
 	id := newID()
@@ -431,8 +449,11 @@ func (m *Manager) start(ctx context.Context, e *entry) error {
 		return errdefs.Conflictf("jail %s is %s; only a created, stopped or failed jail can be started", j.Name, j.Status)
 	}
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStarting; j.Error = "" })
-	st, err := m.backend.Start(ctx, m.instance(e))
+	inst := m.instance(e)
+	inst.OnCreated = func(cgroupPath string) error { return m.observeStart(e, cgroupPath) }
+	st, err := m.backend.Start(ctx, inst)
 	if err != nil {
+		m.observeStop(e)
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error(); j.Pid = 0 })
 		return err
 	}
@@ -480,6 +501,7 @@ func (m *Manager) initExited(e *entry, pid int) {
 	if err := m.backend.Stop(context.Background(), m.instance(e), 0); err != nil {
 		m.log.Error("cleaning up after init exit", "jail", j.ID, "err", err)
 	}
+	m.observeStop(e)
 	now := time.Now().UTC()
 	m.setState(e, func(j *model.Jail) {
 		j.Status = model.StateError
@@ -508,7 +530,9 @@ func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*m
 	}
 	m.unwatch(e)
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStopping })
-	if err := m.backend.Stop(ctx, m.instance(e), grace); err != nil {
+	err = m.backend.Stop(ctx, m.instance(e), grace)
+	m.observeStop(e)
+	if err != nil {
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error() })
 		return nil, err
 	}
@@ -530,6 +554,7 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return errdefs.NotFoundf("no jail with id or name %q", ref)
 	}
 	m.unwatch(e)
+	m.observeStop(e)
 	if err := m.backend.Destroy(ctx, m.instance(e)); err != nil {
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = "destroy: " + err.Error() })
 		return fmt.Errorf("destroying jail %s: %w", j.Name, err)
@@ -599,6 +624,9 @@ func (m *Manager) recover(ctx context.Context) error {
 				if err := m.backend.Reattach(ctx, m.instance(e)); err != nil {
 					m.log.Error("re-attaching jail network", "jail", e.rec.ID, "err", err)
 				}
+				if err := m.observeStart(e, st.CgroupPath); err != nil {
+					m.log.Error("re-watching jail", "jail", e.rec.ID, "err", err)
+				}
 				m.watch(e, st.Pid)
 				continue
 			}
@@ -638,6 +666,15 @@ func (m *Manager) Health(ctx context.Context) model.Health {
 	}
 	h.Checks["runtime"] = model.Check{OK: true, Message: caps.Runtime}
 	h.Checks["checkpoint"] = model.Check{OK: caps.Checkpoint, Message: caps.CheckpointReason}
+	if m.tracer == nil {
+		h.Checks["observation"] = model.Check{OK: false, Message: m.tracerErr.Error()}
+		h.Status = "degraded"
+	} else if err := m.tracer.Err(); err != nil {
+		h.Checks["observation"] = model.Check{OK: false, Message: err.Error()}
+		h.Status = "degraded"
+	} else {
+		h.Checks["observation"] = model.Check{OK: true}
+	}
 	return h
 }
 

@@ -2,7 +2,6 @@ package jail
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -10,12 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
-	"github.com/agentjail/agentjail/internal/netpolicy"
 )
 
 // hostsResolver answers static entries first, then asks the host's resolver.
@@ -38,30 +35,6 @@ func (r hostsResolver) LookupNetIP(ctx context.Context, network, host string) ([
 		return out, nil
 	}
 	return net.DefaultResolver.LookupNetIP(ctx, network, host)
-}
-
-// netLogs appends network records to each jail's events/network.jsonl.
-var netLogs sync.Mutex
-
-// recordNet stores one network record of a jail.
-func (m *Manager) recordNet(jailID string, ev netpolicy.ConnEvent) {
-	line, err := json.Marshal(ev)
-	if err != nil {
-		return
-	}
-	line = append(line, '\n')
-	dir := filepath.Join(m.jailDir(jailID), "events")
-	netLogs.Lock()
-	defer netLogs.Unlock()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return
-	}
-	f, err := os.OpenFile(filepath.Join(dir, "network.jsonl"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	_, _ = f.Write(line)
 }
 
 // UpdateNetwork replaces a jail's network policy. A running jail obeys it

@@ -127,6 +127,17 @@ type Event struct {
 	Dir, Proto, Src, Dst string
 	Packets              uint64
 	FirstTS, LastTS      int64 // Unix ns
+	// net, from the network policy: how the connection went (via: kernel,
+	// dns, proxy, ...), the name asked for, the verdict and the rule that
+	// decided, HTTP(S) method/path (in Path)/status, bytes received by the
+	// jail (Bytes counts those it sent), DNS query type and answers.
+	Via, Host, Verdict, Rule string
+	Method                   string
+	Status                   int32
+	BytesIn                  int64
+	QType                    string
+	Answers                  []string
+	Error                    string
 
 	// proc
 	Exe           string
@@ -214,6 +225,7 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = appendUintField(b, "packets", e.Packets)
 		b = appendIntField(b, "first_ts", e.FirstTS/1e6)
 		b = appendIntField(b, "last_ts", e.LastTS/1e6)
+		b = e.appendPolicy(b)
 	case TypeProc:
 		b = appendStringField(b, "op", e.Op)
 		b = appendIntField(b, "pid", int64(e.PID))
@@ -364,3 +376,33 @@ func SyscallNumber(name string) (int, bool) {
 
 // MaxSyscall is one more than the highest known syscall number.
 const MaxSyscall = len(syscallNames)
+
+// appendPolicy appends the network policy fields of a net event that are set.
+func (e *Event) appendPolicy(b []byte) []byte {
+	b = appendOptString(b, "via", e.Via)
+	b = appendOptString(b, "host", e.Host)
+	b = appendOptString(b, "verdict", e.Verdict)
+	b = appendOptString(b, "rule", e.Rule)
+	b = appendOptString(b, "method", e.Method)
+	if e.Method != "" {
+		b = appendOptString(b, "path", e.Path)
+	}
+	if e.Status != 0 {
+		b = appendIntField(b, "status", int64(e.Status))
+	}
+	if e.BytesIn != 0 {
+		b = appendIntField(b, "bytes_in", e.BytesIn)
+	}
+	b = appendOptString(b, "qtype", e.QType)
+	if len(e.Answers) > 0 {
+		b = append(b, `,"answers":[`...)
+		for i, a := range e.Answers {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, a)
+		}
+		b = append(b, ']')
+	}
+	return appendOptString(b, "error", e.Error)
+}

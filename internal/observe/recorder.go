@@ -30,6 +30,9 @@ type Recorder struct {
 	w     *Writer
 	bus   *Bus
 	files *FileTracker
+	// Observe, when set, sees every stored event (raw and derived) after
+	// it was written and published: the place for in-line aggregation.
+	Observe func(ev *Event)
 }
 
 // NewRecorder returns a Recorder writing to w and publishing on bus; either
@@ -57,6 +60,9 @@ func (r *Recorder) record(ev *Event) {
 	}
 	if r.bus != nil {
 		r.bus.Publish(ev)
+	}
+	if r.Observe != nil {
+		r.Observe(ev)
 	}
 }
 

@@ -86,7 +86,7 @@ func TestAPIBadInput(t *testing.T) {
 		{"relative workspace", "POST", "/jails", map[string]any{"isolation": map[string]any{"filesystem": map[string]any{"workspace_root": "work"}}}, 422, "isolation.filesystem.workspace_root"},
 		{"unknown capability", "POST", "/jails", map[string]any{"isolation": map[string]any{"process": map[string]any{"capabilities": []string{"CAP_TELEPORT"}}}}, 422, "capabilities"},
 		{"huge body", "POST", "/jails", `{"name":"` + strings.Repeat("a", 5<<20) + `"}`, 413, ""},
-		{"wrong content type", "POST", "/jails", nil, 400, "Content-Type"},
+		{"YAML on a JSON route", "POST", "/jails/" + j.ID + "/exec", nil, 400, "Content-Type"},
 		{"exec without cmd", "POST", "/jails/" + j.ID + "/exec", map[string]any{}, 0, "cmd"},
 		{"exec unknown key", "POST", "/jails/" + j.ID + "/exec", map[string]any{"cmd": []string{"true"}, "shell": true}, 400, "shell"},
 		{"exec huge body", "POST", "/jails/" + j.ID + "/exec", `{"cmd":["true"],"stdin":"` + strings.Repeat("a", 5<<20) + `"}`, 413, ""},
@@ -104,8 +104,8 @@ func TestAPIBadInput(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var r *response
-			if c.name == "wrong content type" {
-				r = d.api.do(t, c.method, c.path, `{"name":"x"}`, "Content-Type", "text/plain")
+			if c.name == "YAML on a JSON route" {
+				r = d.api.do(t, c.method, c.path, "cmd: [\"true\"]\n", "Content-Type", "application/yaml")
 			} else {
 				r = d.api.do(t, c.method, c.path, c.body)
 			}
@@ -173,6 +173,7 @@ func TestAPILifecycle(t *testing.T) {
 		if byName := d.getJail(t, j.Name); byName.ID != j.ID {
 			t.Errorf("GET /jails/{name}: %+v", byName)
 		}
+		got = jailInfo{}
 		d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/stop", map[string]any{"timeout_s": 2}, &got)
 		if got.Status != "stopped" || got.Pid != 0 {
 			t.Fatalf("round %d: after stop: %+v", round, got)
@@ -500,5 +501,54 @@ func TestAPIFiles(t *testing.T) {
 	// A blocked path that exists is masked inside the jail.
 	if out := d.mustSh(t, j.ID, "ls -A /usr/share/doc 2>/dev/null | wc -l"); strings.TrimSpace(out) != "0" {
 		t.Errorf("the blocked /usr/share/doc is not masked in the jail: %s entries", strings.TrimSpace(out))
+	}
+}
+
+// readmeYAML is the configuration example of README.md.
+const readmeYAML = `name: %s
+start: true
+env:
+  CI: "true"
+isolation:
+  level: container
+  filesystem:
+    rootfs: host
+    workspace_root: /workspace
+    read_only_mounts:
+      - {source: /usr/share/common-licenses, target: /licenses}
+    read_write_mounts: []
+    blocked_paths: [/workspace/.secrets]
+  network:
+    mode: isolated
+  resources:
+    cpu_shares: 256
+    cpu_quota: 50000
+    cpu_period: 100000
+    memory_bytes: 536870912
+    memory_swap_bytes: 536870912
+    disk_bytes: 1073741824
+    pids_limit: 128
+    nofile_limit: 1024
+  process:
+    user: agent
+    capabilities: []
+    drop_capabilities: []
+`
+
+// TestAPICreateYAML creates a jail from the README's YAML example.
+func TestAPICreateYAML(t *testing.T) {
+	d := shared(t)
+	r := d.api.do(t, "POST", "/jails", fmt.Sprintf(readmeYAML, uniqueName(t)), "Content-Type", "application/yaml")
+	if r.status != http.StatusCreated {
+		t.Fatalf("POST /jails (YAML): %s", r)
+	}
+	var j jailInfo
+	if err := json.Unmarshal(r.body, &j); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.destroy(t, j.ID) })
+	out := d.mustSh(t, j.ID, "echo $CI; test -f /licenses/GPL-3 && echo mounted; touch /licenses/x 2>/dev/null || echo read-only")
+	if out != "true\nmounted\nread-only\n" {
+		t.Errorf("the README's jail: %q", out)
 	}
 }

@@ -267,7 +267,7 @@ func idleJails(b *testing.B, d *daemon, n int) ([]jailInfo, time.Duration) {
 		}
 	}
 	if failed > 0 {
-		b.Fatalf("%d of %d concurrent creates failed", failed, n)
+		b.Fatalf("%d of %d concurrent creates failed; the daemon's errors:\n%s", failed, n, d.errorLines(5))
 	}
 	return jails, took
 }

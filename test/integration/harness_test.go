@@ -291,6 +291,21 @@ func (d *daemon) logTail() string {
 	return strings.Join(lines, "\n")
 }
 
+// errorLines returns the last n error lines of the daemon's log.
+func (d *daemon) errorLines(n int) string {
+	b, _ := os.ReadFile(d.logPath)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "level=ERROR") {
+			out = append(out, l)
+		}
+	}
+	if len(out) > n {
+		out = out[len(out)-n:]
+	}
+	return strings.Join(out, "\n")
+}
+
 // kill SIGKILLs the daemon and waits for it.
 func (d *daemon) kill() {
 	if d.cmd == nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/observe"
 )
 
 // Service is an in-memory api.Service. Its zero value is not usable; use
@@ -32,6 +33,7 @@ type Service struct {
 	mu    sync.Mutex
 	jails map[string]*fakeJail
 	logs  map[string]string
+	buses map[string]*observe.Bus
 	next  int
 	// Stops records the grace of every Stop call, in order.
 	Stops []time.Duration
@@ -455,4 +457,89 @@ func (s *Service) SetEventLog(ref, stream, content string) {
 		s.logs = map[string]string{}
 	}
 	s.logs[ref+"/"+stream] = content
+}
+
+// Bus returns the event stream of ref (created on first use) so tests can
+// publish events.
+func (s *Service) Bus(ref string) *observe.Bus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.buses == nil {
+		s.buses = map[string]*observe.Bus{}
+	}
+	b := s.buses[ref]
+	if b == nil {
+		b = observe.NewBus(64)
+		s.buses[ref] = b
+	}
+	return b
+}
+
+// Events subscribes to the stream Bus(ref) returns.
+func (s *Service) Events(_ context.Context, ref string, after uint64, types []string) (*observe.Subscription, error) {
+	s.mu.Lock()
+	_, err := s.lookup(ref)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var mask observe.TypeMask
+	for _, t := range types {
+		typ, err := observe.ParseType(t)
+		if err != nil {
+			return nil, err
+		}
+		mask |= observe.MaskOf(typ)
+	}
+	return s.Bus(ref).Subscribe(after, mask), nil
+}
+
+// Processes returns a tree holding one process per running jail.
+func (s *Service) Processes(_ context.Context, ref string) (*model.ProcessTree, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	t := &model.ProcessTree{Roots: []*model.Process{}}
+	if fj.j.Status == model.StateRunning {
+		t.Roots = append(t.Roots, &model.Process{Pid: 1, Exe: "/.agentjail/agentjail", Argv: []string{"agentjail", "init"}})
+		t.Running, t.Total = 1, 1
+	}
+	return t, nil
+}
+
+// FsDiff lists the files written through WriteFile as added.
+func (s *Service) FsDiff(_ context.Context, ref string) (*model.FsDiff, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	d := &model.FsDiff{Changes: []model.Change{}}
+	paths := make([]string, 0, len(fj.files))
+	for p := range fj.files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		d.Changes = append(d.Changes, model.Change{Path: p, Kind: "added", Type: "file"})
+		d.Added++
+	}
+	return d, nil
+}
+
+// Report returns an empty report of the jail.
+func (s *Service) Report(_ context.Context, ref string) (*model.Report, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	return &model.Report{JailID: fj.j.ID, Name: fj.j.Name, Status: fj.j.Status, Tracing: "full",
+		Events: map[string]uint64{}, Lost: map[string]uint64{}, Syscalls: []model.SyscallStat{},
+		Files: []model.FileStat{}, Network: []model.NetStat{}, Process: model.ProcessTree{Roots: []*model.Process{}}}, nil
 }

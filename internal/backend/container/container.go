@@ -366,11 +366,19 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	if err != nil {
 		return backend.Status{}, fmt.Errorf("create container: %w", err)
 	}
+	if inst.OnCreated != nil {
+		if err := inst.OnCreated(p.cgroup); err != nil {
+			if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
+				b.opts.Log.Error("removing a container whose start was aborted", "jail", inst.ID, "err", kerr)
+			}
+			return backend.Status{}, err
+		}
+	}
 	if err := b.runtime.Start(ctx, inst.ID); err != nil {
 		return backend.Status{}, fmt.Errorf("start jail init: %w", err)
 	}
 	ok = true
-	return backend.Status{Running: true, Pid: pid}, nil
+	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup}, nil
 }
 
 // attach connects the jail's network namespace to the daemon's policed
@@ -503,7 +511,7 @@ func (b *Backend) Status(ctx context.Context, inst backend.Instance) (backend.St
 		return backend.Status{}, err
 	}
 	if st == "running" || st == "paused" {
-		return backend.Status{Running: true, Pid: pid}, nil
+		return backend.Status{Running: true, Pid: pid, CgroupPath: b.paths(inst).cgroup}, nil
 	}
 	return backend.Status{}, nil
 }
@@ -529,6 +537,15 @@ func (b *Backend) Stats(ctx context.Context, inst backend.Instance) (backend.Sta
 		DiskUsedBytes:    used,
 		DiskLimitBytes:   total,
 	}, nil
+}
+
+// Layers implements backend.Layered.
+func (b *Backend) Layers(inst backend.Instance) (string, string, error) {
+	lower, err := b.lower(inst)
+	if err != nil {
+		return "", "", err
+	}
+	return lower, b.paths(inst).upper, nil
 }
 
 // Control implements backend.Backend.

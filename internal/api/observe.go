@@ -1,0 +1,135 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/observe"
+)
+
+// sseHeartbeat is how often an idle event stream sends a comment line so
+// proxies do not close it.
+const sseHeartbeat = 15 * time.Second
+
+// events streams a jail's events as Server-Sent Events
+// (GET /jails/{id}/events?type=syscall,file&since=SEQ). Each event's SSE id
+// is its sequence number, so a reconnecting client resumes with
+// Last-Event-ID; a client that falls behind the ring gets a "notice" event
+// telling how many it missed instead of slowing the jail.
+func (s *server) events(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	var types []string
+	if t := q.Get("type"); t != "" {
+		types = strings.Split(t, ",")
+	}
+	var after uint64
+	since := q.Get("since")
+	if le := r.Header.Get("Last-Event-ID"); le != "" {
+		since = le
+	}
+	if since != "" {
+		n, err := strconv.ParseUint(since, 10, 64)
+		if err != nil {
+			return errdefs.Invalidf("since: %q is not an event sequence number", since)
+		}
+		after = n
+	}
+	sub, err := s.svc.Events(r.Context(), r.PathValue("id"), after, types)
+	if err != nil {
+		return err
+	}
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 64<<10)
+	flush := func() error {
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	if _, err := bw.WriteString(": agentjail event stream\n\n"); err != nil {
+		return nil
+	}
+	if flush() != nil {
+		return nil
+	}
+	buf := make([]observe.Event, 0, 256)
+	line := make([]byte, 0, 1024)
+	for {
+		ctx, cancel := context.WithTimeout(r.Context(), sseHeartbeat)
+		evs, err := sub.Next(ctx, buf[:0])
+		cancel()
+		for i := range evs {
+			ev := &evs[i]
+			line = line[:0]
+			line = append(line, "id: "...)
+			line = strconv.AppendUint(line, ev.Seq, 10)
+			line = append(line, "\nevent: "...)
+			line = append(line, ev.Type.String()...)
+			line = append(line, "\ndata: "...)
+			line = ev.AppendJSON(line)
+			line = append(line, "\n\n"...)
+			if _, werr := bw.Write(line); werr != nil {
+				return nil
+			}
+		}
+		switch {
+		case errors.Is(err, observe.ErrBusClosed):
+			_, _ = bw.WriteString("event: end\ndata: {\"type\":\"end\",\"message\":\"the jail stopped\"}\n\n")
+			_ = flush()
+			return nil
+		case r.Context().Err() != nil:
+			return nil
+		case errors.Is(err, context.DeadlineExceeded):
+			if _, werr := bw.WriteString(": ping\n\n"); werr != nil {
+				return nil
+			}
+		case err != nil:
+			s.log.Error("event stream", "err", err)
+			return nil
+		}
+		if flush() != nil {
+			return nil
+		}
+	}
+}
+
+// processes answers the jail's observed process tree.
+func (s *server) processes(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.svc.Processes(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, t)
+	return nil
+}
+
+// fsDiff answers what the jail changed in its root filesystem.
+func (s *server) fsDiff(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.svc.FsDiff(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, d)
+	return nil
+}
+
+// report answers the whole observation of the jail.
+func (s *server) report(w http.ResponseWriter, r *http.Request) error {
+	rep, err := s.svc.Report(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, rep)
+	return nil
+}

@@ -1,0 +1,490 @@
+package jail
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/cgroups"
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/fsdiff"
+	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/netpolicy"
+	"github.com/agentjail/agentjail/internal/observe"
+	"github.com/agentjail/agentjail/internal/observe/bpf"
+)
+
+// busCapacity is how many recent events a jail's live stream keeps for
+// late-joining clients.
+const busCapacity = 1 << 16
+
+// observation is the record of one run of a jail: its JSONL files, its
+// live stream and the aggregates the report is made of. The tracer's
+// delivery goroutine and the network policy both feed it, serialised by mu.
+type observation struct {
+	mu       sync.Mutex
+	rec      *observe.Recorder
+	bus      *observe.Bus
+	agg      *aggregate
+	cgroupID uint64
+	watching bool
+	since    time.Time
+	// reason says why the kernel side does not watch the jail (empty when
+	// it does).
+	reason string
+}
+
+// Handle implements observe.Sink.
+func (o *observation) Handle(ev *observe.Event) {
+	o.mu.Lock()
+	o.rec.Handle(ev)
+	o.mu.Unlock()
+}
+
+// Idle implements observe.Sink.
+func (o *observation) Idle() {
+	o.mu.Lock()
+	o.rec.Idle()
+	o.mu.Unlock()
+}
+
+// observeStart opens the jail's record and, unless tracing is off or the
+// tracer is unavailable, watches its cgroup. It runs after the jail's
+// processes exist and before its init executes anything.
+func (m *Manager) observeStart(e *entry, cgroupPath string) error {
+	j := e.snapshot()
+	w, err := observe.OpenWriter(filepath.Join(e.dir, "events"), observe.WriterOptions{})
+	if err != nil {
+		return fmt.Errorf("event files: %w", err)
+	}
+	o := &observation{bus: observe.NewBus(busCapacity), agg: newAggregate(), since: time.Now().UTC()}
+	o.rec = observe.NewRecorder(w, o.bus)
+	o.rec.Observe = o.agg.add
+	tr := j.Config.Tracing
+	switch {
+	case tr.Mode == config.TraceOff:
+		o.reason = "tracing is off for this jail"
+	case m.tracer == nil:
+		o.reason = m.tracerErr.Error()
+	default:
+		id, err := cgroups.ID(cgroupPath)
+		if err != nil {
+			o.rec.Close()
+			return fmt.Errorf("observation: %w", err)
+		}
+		err = m.tracer.Watch(id, observe.JailKey(j.ID), bpf.Options{
+			Mode: bpf.Mode(tr.Mode), Include: tr.Include, Exclude: tr.Exclude, Sink: o,
+		})
+		if err != nil {
+			o.rec.Close()
+			return fmt.Errorf("observation: %w", err)
+		}
+		o.cgroupID, o.watching = id, true
+	}
+	e.mu.Lock()
+	e.obs = o
+	e.mu.Unlock()
+	return nil
+}
+
+// observeStop ends the current record: the kernel side stops, buffered
+// events are written, and the live stream ends after its recent past.
+func (m *Manager) observeStop(e *entry) {
+	e.mu.Lock()
+	o := e.obs
+	e.mu.Unlock()
+	if o == nil {
+		return
+	}
+	if o.watching {
+		if err := m.tracer.Unwatch(o.cgroupID); err != nil {
+			m.log.Error("unwatching jail", "jail", e.rec.ID, "err", err)
+		}
+		o.watching = false
+	}
+	o.mu.Lock()
+	err := o.rec.Close()
+	o.mu.Unlock()
+	if err != nil {
+		m.log.Error("closing the jail's event files", "jail", e.rec.ID, "err", err)
+	}
+}
+
+// recordNet feeds one network policy record into the jail's observation.
+func (m *Manager) recordNet(jailID string, ce netpolicy.ConnEvent) {
+	m.mu.Lock()
+	e := m.jails[jailID]
+	m.mu.Unlock()
+	if e == nil {
+		return
+	}
+	e.mu.RLock()
+	o := e.obs
+	e.mu.RUnlock()
+	if o == nil {
+		return
+	}
+	ev := observe.Event{
+		Type: observe.TypeNet, TS: ce.Time.UnixNano(), PID: int32(ce.Pid), Comm: ce.Comm,
+		Dir: ce.Dir, Proto: ce.Proto, Src: ce.Src, Dst: ce.Dst, Bytes: ce.BytesOut, BytesIn: ce.BytesIn,
+		Via: ce.Via, Host: ce.Host, Verdict: ce.Verdict, Rule: ce.Rule, Method: ce.Method, Path: ce.Path,
+		Status: int32(ce.Status), QType: ce.QType, Answers: ce.Answers, Error: ce.Error,
+		FirstTS: ce.Time.UnixNano(), LastTS: ce.Time.Add(time.Duration(ce.DurNS)).UnixNano(),
+	}
+	o.Handle(&ev)
+}
+
+// Events subscribes to a jail's live event stream from sequence number
+// after (0: the oldest event still held) for the given types (none: all).
+func (m *Manager) Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, error) {
+	var mask observe.TypeMask
+	for _, t := range types {
+		typ, err := observe.ParseType(t)
+		if err != nil {
+			return nil, err
+		}
+		mask |= observe.MaskOf(typ)
+	}
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.RLock()
+	o := e.obs
+	e.mu.RUnlock()
+	if o == nil {
+		return nil, errdefs.Conflictf("jail %s has not run yet: no events", e.snapshot().Name)
+	}
+	return o.bus.Subscribe(after, mask), nil
+}
+
+// Processes returns the jail's process tree as observed.
+func (m *Manager) Processes(ctx context.Context, ref string) (*model.ProcessTree, error) {
+	_, o, err := m.observation(ref)
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t := o.agg.tree()
+	return &t, nil
+}
+
+func (m *Manager) observation(ref string) (*entry, *observation, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.mu.RLock()
+	o := e.obs
+	e.mu.RUnlock()
+	if o == nil {
+		return nil, nil, errdefs.Conflictf("jail %s has not run yet: nothing was observed", e.snapshot().Name)
+	}
+	return e, o, nil
+}
+
+// Report returns the whole observation of a jail as one document.
+func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error) {
+	e, o, err := m.observation(ref)
+	if err != nil {
+		return nil, err
+	}
+	j := e.snapshot()
+	since := o.since
+	r := &model.Report{
+		JailID: j.ID, Name: j.Name, Status: j.Status, GeneratedAt: time.Now().UTC(), Since: &since,
+		Tracing:     j.Config.Tracing.Mode,
+		Observation: model.Check{OK: o.reason == "", Message: o.reason},
+	}
+	o.mu.Lock()
+	o.agg.fill(r)
+	o.mu.Unlock()
+	if o.watching {
+		if n, err := m.tracer.Lost(o.cgroupID); err == nil && n > r.Lost[observe.LostKernel] {
+			r.Lost[observe.LostKernel] = n
+		}
+	}
+	if d, err := m.FsDiff(ctx, ref); err == nil {
+		r.FsDiff = d
+	}
+	return r, nil
+}
+
+// maxPaths and maxExited bound the aggregates of a long-running jail.
+const (
+	maxPaths  = 10000
+	maxExited = 10000
+)
+
+// aggregate is what the report is made of, kept up to date event by event.
+type aggregate struct {
+	events   map[string]uint64
+	syscalls map[int32]*model.SyscallStat
+	files    map[string]*model.FileStat
+	net      map[string]*model.NetStat
+	procs    map[int32]*model.Process
+	exited   []int32
+	lost     map[string]uint64
+}
+
+func newAggregate() *aggregate {
+	return &aggregate{
+		events: map[string]uint64{}, syscalls: map[int32]*model.SyscallStat{},
+		files: map[string]*model.FileStat{}, net: map[string]*model.NetStat{},
+		procs: map[int32]*model.Process{}, lost: map[string]uint64{},
+	}
+}
+
+func (a *aggregate) add(ev *observe.Event) {
+	a.events[ev.Type.String()]++
+	switch ev.Type {
+	case observe.TypeSyscall:
+		s := a.syscalls[ev.NR]
+		if s == nil {
+			s = &model.SyscallStat{Name: ev.Name(), Nr: int(ev.NR)}
+			a.syscalls[ev.NR] = s
+		}
+		s.Count++
+		s.TotalNs += ev.DurNS
+		if ev.Ret < 0 && ev.Ret > -4096 {
+			s.Errors++
+		}
+	case observe.TypeFile:
+		a.addFile(ev)
+	case observe.TypeNet:
+		a.addNet(ev)
+	case observe.TypeProc:
+		a.addProc(ev)
+	case observe.TypeLost:
+		a.lost[ev.Source] += ev.Lost
+	}
+}
+
+func (a *aggregate) addFile(ev *observe.Event) {
+	if ev.Path == "" {
+		return
+	}
+	f := a.files[ev.Path]
+	if f == nil {
+		if len(a.files) >= maxPaths {
+			f = a.files["(other paths)"]
+			if f == nil {
+				f = &model.FileStat{Path: "(other paths)"}
+				a.files[f.Path] = f
+			}
+		} else {
+			f = &model.FileStat{Path: ev.Path}
+			a.files[ev.Path] = f
+		}
+	}
+	switch ev.Op {
+	case "read":
+		f.BytesRead += ev.Bytes
+	case "write":
+		f.BytesWritten += ev.Bytes
+	case "open", "create":
+		f.Opens++
+	case "close":
+	default:
+		if f.Ops == nil {
+			f.Ops = map[string]uint64{}
+		}
+		f.Ops[ev.Op]++
+	}
+}
+
+func (a *aggregate) addNet(ev *observe.Event) {
+	dest := ev.Host
+	if dest == "" {
+		dest = ev.Dst
+	}
+	if dest == "" {
+		return
+	}
+	n := a.net[dest]
+	if n == nil {
+		if len(a.net) >= maxPaths {
+			return
+		}
+		n = &model.NetStat{Destination: dest}
+		a.net[dest] = n
+	}
+	n.BytesOut += ev.Bytes
+	n.BytesIn += ev.BytesIn
+	n.Connections++
+	switch ev.Verdict {
+	case "allow":
+		n.Allowed++
+	case "block", "deny", "refuse":
+		n.Blocked++
+	}
+}
+
+func (a *aggregate) addProc(ev *observe.Event) {
+	ts := time.Unix(0, ev.TS).UTC()
+	switch ev.Op {
+	case "fork":
+		if ev.Thread {
+			return
+		}
+		a.procs[ev.PID] = &model.Process{Pid: int(ev.PID), Ppid: int(ev.PPID), HostPid: int(ev.HostPID), Comm: ev.Comm, StartedAt: ts}
+	case "exec":
+		p := a.proc(ev, ts)
+		p.Exe, p.Argv, p.Cwd, p.UID, p.Comm = ev.Exe, ev.Argv, ev.Cwd, ev.UID, ev.Comm
+	case "exit":
+		if ev.Thread {
+			return
+		}
+		p := a.proc(ev, ts)
+		p.ExitedAt = &ts
+		if ev.Signal != 0 {
+			p.Signal = unix.SignalName(unix.Signal(ev.Signal))
+		} else {
+			code := int(ev.ExitCode)
+			p.ExitCode = &code
+		}
+		a.exited = append(a.exited, ev.PID)
+		if len(a.exited) > maxExited {
+			old := a.exited[0]
+			a.exited = a.exited[1:]
+			if q := a.procs[old]; q != nil && q.ExitedAt != nil {
+				delete(a.procs, old)
+			}
+		}
+	}
+}
+
+// proc returns the process of ev, creating it when its fork was not seen
+// (init itself, or processes from before a daemon restart).
+func (a *aggregate) proc(ev *observe.Event, ts time.Time) *model.Process {
+	p := a.procs[ev.PID]
+	if p == nil {
+		p = &model.Process{Pid: int(ev.PID), Ppid: int(ev.PPID), HostPid: int(ev.HostPID), Comm: ev.Comm, StartedAt: ts}
+		a.procs[ev.PID] = p
+	}
+	return p
+}
+
+// tree builds the process tree (copies, so callers may keep it).
+func (a *aggregate) tree() model.ProcessTree {
+	nodes := make(map[int]*model.Process, len(a.procs))
+	for pid, p := range a.procs {
+		c := *p
+		c.Children = nil
+		nodes[int(pid)] = &c
+	}
+	var t model.ProcessTree
+	pids := make([]int, 0, len(nodes))
+	for pid := range nodes {
+		pids = append(pids, pid)
+	}
+	sort.Ints(pids)
+	for _, pid := range pids {
+		p := nodes[pid]
+		t.Total++
+		if p.ExitedAt == nil {
+			t.Running++
+		}
+		if parent, ok := nodes[p.Ppid]; ok && p.Ppid != p.Pid {
+			parent.Children = append(parent.Children, p)
+		} else {
+			t.Roots = append(t.Roots, p)
+		}
+	}
+	if t.Roots == nil {
+		t.Roots = []*model.Process{}
+	}
+	return t
+}
+
+// fill copies the aggregates into r, largest first.
+func (a *aggregate) fill(r *model.Report) {
+	r.Events = map[string]uint64{}
+	for k, v := range a.events {
+		r.Events[k] = v
+	}
+	r.Lost = map[string]uint64{observe.LostKernel: 0, observe.LostWriter: 0}
+	for k, v := range a.lost {
+		r.Lost[k] += v
+	}
+	r.Syscalls = []model.SyscallStat{}
+	for _, s := range a.syscalls {
+		r.Syscalls = append(r.Syscalls, *s)
+	}
+	sort.Slice(r.Syscalls, func(i, j int) bool {
+		if r.Syscalls[i].Count != r.Syscalls[j].Count {
+			return r.Syscalls[i].Count > r.Syscalls[j].Count
+		}
+		return r.Syscalls[i].Nr < r.Syscalls[j].Nr
+	})
+	r.Files = []model.FileStat{}
+	for _, f := range a.files {
+		c := *f
+		r.Files = append(r.Files, c)
+	}
+	sort.Slice(r.Files, func(i, j int) bool {
+		ti := r.Files[i].BytesRead + r.Files[i].BytesWritten
+		tj := r.Files[j].BytesRead + r.Files[j].BytesWritten
+		if ti != tj {
+			return ti > tj
+		}
+		return strings.Compare(r.Files[i].Path, r.Files[j].Path) < 0
+	})
+	r.Network = []model.NetStat{}
+	for _, n := range a.net {
+		r.Network = append(r.Network, *n)
+	}
+	sort.Slice(r.Network, func(i, j int) bool {
+		ti := r.Network[i].BytesOut + r.Network[i].BytesIn
+		tj := r.Network[j].BytesOut + r.Network[j].BytesIn
+		if ti != tj {
+			return ti > tj
+		}
+		return r.Network[i].Destination < r.Network[j].Destination
+	})
+	r.Process = a.tree()
+}
+
+// FsDiff lists what the jail changed in its root filesystem (its overlay
+// upper against the lower tree).
+func (m *Manager) FsDiff(ctx context.Context, ref string) (*model.FsDiff, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	lb, ok := m.backend.(backend.Layered)
+	if !ok {
+		return nil, errdefs.NotImplementedf("the %s level has no layered root filesystem to diff", m.backend.Capabilities().Level)
+	}
+	lower, upper, err := lb.Layers(m.instance(e))
+	if err != nil {
+		return nil, err
+	}
+	changes, err := fsdiff.Upper(lower, upper, fsdiff.SkipInternal)
+	if err != nil {
+		return nil, err
+	}
+	d := fsdiff.Summary(changes)
+	return &d, nil
+}
+
+// validateTracing checks the syscall names of a tracing config.
+func validateTracing(t *config.Tracing) error {
+	for field, names := range map[string][]string{"include": t.Include, "exclude": t.Exclude} {
+		for i, n := range names {
+			if _, ok := observe.SyscallNumber(n); !ok {
+				return errdefs.Unprocessablef("tracing.%s[%d]: unknown syscall %q", field, i, n)
+			}
+		}
+	}
+	return nil
+}
