@@ -48,7 +48,7 @@ next start.`,
 				pool = n
 			}
 			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, PoolSize: pool,
-				AllowHostNetwork: net.allowHost, Subnet: net.subnet}
+				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}
 			if net.hostsFile != "" {
 				hosts, err := readHostsFile(net.hostsFile)
 				if err != nil {
@@ -63,7 +63,8 @@ next start.`,
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
 	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)
 	cmd.Flags().StringVar(&net.hostsFile, "hosts-file", "", "static name → address entries (hosts(5) format) the jails' DNS answers before the host's resolver")
-	cmd.Flags().StringVar(&net.subnet, "subnet", "", "the jail network (default 10.88.0.0/16)")
+	cmd.Flags().StringVar(&net.subnet, "subnet", "", "the jail network (default 10.88.0.0/16; remembered in DATA_DIR/network.json)")
+	cmd.Flags().StringVar(&net.prefix, "net-prefix", "", `prefix of the host interfaces and nftables table the daemon owns (default "aj"; remembered); a second daemon on one host needs its own prefix and subnet`)
 	return cmd
 }
 
@@ -72,6 +73,7 @@ type netFlags struct {
 	allowHost bool
 	hostsFile string
 	subnet    string
+	prefix    string
 }
 
 // readHostsFile parses hosts(5) lines: an address followed by names.

@@ -58,6 +58,10 @@ type Options struct {
 	Hosts map[string][]netip.Addr
 	// Subnet is the jail network (default 10.88.0.0/16).
 	Subnet string
+	// NetPrefix names the host interfaces and nftables table the daemon
+	// owns (default "aj"); two daemons on one host need distinct prefixes
+	// and subnets. Both are remembered in DATA_DIR/network.json.
+	NetPrefix string
 }
 
 // Manager owns every jail of one data dir.
@@ -149,9 +153,14 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage pool: %w", err)
 	}
+	if err := rememberNetwork(dataDir, &m.opts); err != nil {
+		m.pool.Close()
+		return nil, err
+	}
 	m.net, err = netpolicy.New(ctx, netpolicy.Options{
 		DataDir:       dataDir,
-		Subnet:        opts.Subnet,
+		Subnet:        m.opts.Subnet,
+		Prefix:        m.opts.NetPrefix,
 		AllowHostMode: opts.AllowHostNetwork,
 		Resolver:      hostsResolver{hosts: opts.Hosts},
 		Record:        m.recordNet,
@@ -699,7 +708,7 @@ func Teardown(ctx context.Context, dataDir, runtimeBinary string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	if err := netpolicy.Teardown(netpolicy.Options{DataDir: m.opts.DataDir}); err != nil {
+	if err := netpolicy.Teardown(netpolicy.Options{DataDir: m.opts.DataDir, Prefix: m.opts.NetPrefix, Subnet: m.opts.Subnet}); err != nil {
 		return err
 	}
 	return storage.Teardown(m.opts.DataDir)

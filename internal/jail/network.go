@@ -2,7 +2,9 @@ package jail
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -92,4 +94,34 @@ func (m *Manager) EventLog(ctx context.Context, ref, stream string) (io.ReadClos
 		return io.NopCloser(strings.NewReader("")), nil
 	}
 	return f, err
+}
+
+// netSettings are the daemon's network settings kept in DATA_DIR/network.json.
+type netSettings struct {
+	Prefix string `json:"prefix,omitempty"`
+	Subnet string `json:"subnet,omitempty"`
+}
+
+// rememberNetwork fills unset network options from DATA_DIR/network.json
+// and stores the options in effect, so later starts and teardown use the
+// same interfaces and table.
+func rememberNetwork(dataDir string, opts *Options) error {
+	path := filepath.Join(dataDir, "network.json")
+	var saved netSettings
+	if data, err := os.ReadFile(path); err == nil {
+		if err := json.Unmarshal(data, &saved); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if opts.NetPrefix == "" {
+		opts.NetPrefix = saved.Prefix
+	}
+	if opts.Subnet == "" {
+		opts.Subnet = saved.Subnet
+	}
+	data, err := json.Marshal(netSettings{Prefix: opts.NetPrefix, Subnet: opts.Subnet})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
 }

@@ -172,6 +172,8 @@ func (js *jailState) pol() *compiledPolicy {
 // Manager attaches policies to jails' network namespaces. Its methods are
 // safe for concurrent use.
 type Manager struct {
+	// lock is the host-wide lock of o.Prefix, held while the manager lives.
+	lock    *os.File
 	o       Options
 	log     *slog.Logger
 	subnet  netip.Prefix
@@ -247,6 +249,15 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	h := fnv.New32a()
 	h.Write([]byte(o.Prefix))
 	m.group = uint16(0x6a00 | h.Sum32()&0xff)
+	if m.lock, err = lockPrefix(o.Prefix); err != nil {
+		return nil, err
+	}
+	locked := true
+	defer func() {
+		if locked {
+			m.lock.Close()
+		}
+	}()
 	if m.ca, err = loadOrCreateCA(filepath.Join(o.DataDir, "ca")); err != nil {
 		return nil, err
 	}
@@ -269,8 +280,31 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	if err := m.startServices(ctx); err != nil {
 		return nil, err
 	}
-	ok = true
+	ok, locked = true, false
 	return m, nil
+}
+
+// lockDir holds the host-wide locks of the network prefixes in use.
+const lockDir = "/run/agentjail"
+
+// lockPrefix takes the host-wide lock of prefix, so that two daemons never
+// manage (and tear down) the same interfaces and table.
+func lockPrefix(prefix string) (*os.File, error) {
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("lock dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(lockDir, "net-"+prefix+".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("network lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, errdefs.Conflictf("another agentjail daemon owns the jail network %q on this host; give this one its own --net-prefix and --subnet", prefix)
+		}
+		return nil, fmt.Errorf("network lock: %w", err)
+	}
+	return f, nil
 }
 
 func (m *Manager) setupDummy() error {
@@ -302,6 +336,11 @@ func Teardown(o Options) error {
 	if _, err := o.defaults(); err != nil {
 		return err
 	}
+	lock, err := lockPrefix(o.Prefix)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 	return teardown(o.Prefix)
 }
 
@@ -591,7 +630,9 @@ func (m *Manager) Close() error {
 	m.byIP = map[netip.Addr]*jailState{}
 	m.mu.Unlock()
 	m.wg.Wait()
-	return teardown(m.o.Prefix)
+	err := teardown(m.o.Prefix)
+	m.lock.Close()
+	return err
 }
 
 // applyLocked rebuilds the kernel table from the attached jails. m.mu is

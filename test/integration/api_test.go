@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -550,5 +551,53 @@ func TestAPICreateYAML(t *testing.T) {
 	out := d.mustSh(t, j.ID, "echo $CI; test -f /licenses/GPL-3 && echo mounted; touch /licenses/x 2>/dev/null || echo read-only")
 	if out != "true\nmounted\nread-only\n" {
 		t.Errorf("the README's jail: %q", out)
+	}
+}
+
+// TestAPIConcurrentCreate creates jails at the same time: every create
+// succeeds and every jail runs commands.
+func TestAPIConcurrentCreate(t *testing.T) {
+	d := shared(t)
+	const n = 8
+	ids := make([]string, n)
+	errs := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := d.api.send("POST", "/jails", map[string]any{"name": fmt.Sprintf("%s-%d", uniqueName(t), i)})
+			switch {
+			case err != nil:
+				errs[i] = err.Error()
+			case r.status != http.StatusCreated:
+				errs[i] = r.String()
+			default:
+				var j jailInfo
+				if err := json.Unmarshal(r.body, &j); err != nil {
+					errs[i] = err.Error()
+				}
+				ids[i] = j.ID
+			}
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if id != "" {
+			t.Cleanup(func() { d.destroy(t, id) })
+		}
+	}
+	for i, e := range errs {
+		if e != "" {
+			t.Errorf("create %d of %d concurrent: %s", i, n, e)
+		}
+	}
+	if t.Failed() {
+		t.Fatalf("the daemon's errors:\n%s", d.errorLines(3))
+	}
+	for _, id := range ids {
+		if res := d.exec(t, id, execReq{Cmd: []string{"echo", id}}); res.Stdout != id+"\n" {
+			t.Errorf("exec in %s: %s", id, &res)
+		}
 	}
 }
