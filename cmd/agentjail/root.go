@@ -61,6 +61,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 		newServeCmd(g), newCreateCmd(g), newLsCmd(g), newInspectCmd(g), newStartCmd(g),
 		newStopCmd(g), newRmCmd(g), newExecCmd(g), newCpCmd(g), newRunCmd(g),
 		newTeardownCmd(g), newVersionCmd(g),
+		newEventsCmd(g), newReportCmd(g), newPsCmd(g), newChangesCmd(g), newNetworkCmd(g),
 	)
 	return root
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -21,7 +22,9 @@ const sseHeartbeat = 15 * time.Second
 // (GET /jails/{id}/events?type=syscall,file&since=SEQ). Each event's SSE id
 // is its sequence number, so a reconnecting client resumes with
 // Last-Event-ID; a client that falls behind the ring gets a "notice" event
-// telling how many it missed instead of slowing the jail.
+// telling how many it missed instead of slowing the jail. With
+// follow=false the stream ends once the events held at the time of the
+// request are sent.
 func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	var types []string
@@ -40,7 +43,15 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 		}
 		after = n
 	}
-	sub, err := s.svc.Events(r.Context(), r.PathValue("id"), after, types)
+	follow := true
+	if f := q.Get("follow"); f != "" {
+		v, err := strconv.ParseBool(f)
+		if err != nil {
+			return errdefs.Invalidf("follow: %q is not a boolean", f)
+		}
+		follow = v
+	}
+	sub, last, err := s.svc.Events(r.Context(), r.PathValue("id"), after, types)
 	if err != nil {
 		return err
 	}
@@ -65,6 +76,14 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 	}
 	buf := make([]observe.Event, 0, 256)
 	line := make([]byte, 0, 1024)
+	end := func(msg string) {
+		_, _ = fmt.Fprintf(bw, "event: end\ndata: {\"type\":\"end\",\"message\":%q}\n\n", msg)
+		_ = flush()
+	}
+	if !follow && last <= after {
+		end("no events after the requested one")
+		return nil
+	}
 	for {
 		ctx, cancel := context.WithTimeout(r.Context(), sseHeartbeat)
 		evs, err := sub.Next(ctx, buf[:0])
@@ -82,11 +101,14 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 			if _, werr := bw.Write(line); werr != nil {
 				return nil
 			}
+			if !follow && ev.Seq >= last {
+				end("all events held at the time of the request were sent")
+				return nil
+			}
 		}
 		switch {
 		case errors.Is(err, observe.ErrBusClosed):
-			_, _ = bw.WriteString("event: end\ndata: {\"type\":\"end\",\"message\":\"the jail stopped\"}\n\n")
-			_ = flush()
+			end("the jail stopped")
 			return nil
 		case r.Context().Err() != nil:
 			return nil

@@ -76,8 +76,9 @@ type Service interface {
 	EventLog(ctx context.Context, ref, stream string) (io.ReadCloser, error)
 	// Events subscribes to the jail's live event stream from sequence
 	// number after (0: the oldest event the ring still holds) for the given
-	// types ("syscall", "file", "net", "proc", "lost"; none: all).
-	Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, error)
+	// types ("syscall", "file", "net", "proc", "lost"; none: all). It also
+	// returns the newest sequence number at the time of subscribing.
+	Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, uint64, error)
 	// Processes returns the jail's observed process tree.
 	Processes(ctx context.Context, ref string) (*model.ProcessTree, error)
 	// FsDiff lists what the jail changed in its root filesystem.
@@ -86,6 +87,8 @@ type Service interface {
 	Report(ctx context.Context, ref string) (*model.Report, error)
 	// Health reports the daemon's state; it never fails.
 	Health(ctx context.Context) model.Health
+	// TerminalService serves the terminal and recording routes.
+	TerminalService
 }
 
 // Body limits.
@@ -132,6 +135,12 @@ var routes = []route{
 	{http.MethodGet, "/jails/{id}/processes", (*server).processes, true},
 	{http.MethodGet, "/jails/{id}/fs/diff", (*server).fsDiff, true},
 	{http.MethodGet, "/jails/{id}/report", (*server).report, true},
+	// The terminal authenticates itself: it also takes ?token= or ?ticket=.
+	{http.MethodGet, "/jails/{id}/terminal", (*server).terminal, false},
+	{http.MethodPost, "/jails/{id}/terminal/ticket", (*server).terminalTicket, true},
+	{http.MethodGet, "/jails/{id}/terminals", (*server).listTerminals, true},
+	{http.MethodGet, "/jails/{id}/recordings", (*server).listRecordings, true},
+	{http.MethodGet, "/recordings/{rid}", (*server).getRecording, true},
 }
 
 type server struct {
@@ -139,6 +148,8 @@ type server struct {
 	token string
 	log   *slog.Logger
 	mux   *http.ServeMux
+	// tickets are the unused terminal tickets.
+	tickets ticketStore
 }
 
 // NewServer returns the API's handler: the routes of the route table over

@@ -16,6 +16,8 @@ type Config struct {
 	Hostname string `json:"hostname,omitempty"`
 	// Tracing selects what the observation layer records.
 	Tracing Tracing `json:"tracing"`
+	// Recording selects what terminal session recordings hold.
+	Recording Recording `json:"recording"`
 }
 
 // Tracing modes.

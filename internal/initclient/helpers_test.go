@@ -93,7 +93,8 @@ func newEnv(t testing.TB, blocked ...string) *testEnv {
 			Env:          []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "BASE=base"},
 			BlockedPaths: blocked,
 		},
-		Root: e.root,
+		Root:      e.root,
+		RecordDir: filepath.Join(dir, "recordings"),
 	})
 	if err != nil {
 		t.Fatal(err)

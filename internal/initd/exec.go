@@ -200,7 +200,7 @@ func (r *fsRoot) statFollow(p string) (*unix.Stat_t, error) {
 // error), streams output, feeds stdin, and ends with Exit.
 func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	if req.PTY != nil {
-		return newError(initproto.KindNotImplemented, "", "PTY sessions are not implemented")
+		return s.startSession(c, req)
 	}
 	spec, id, fail, err := s.prepareExec(req)
 	if err != nil {
@@ -215,7 +215,7 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	s.mu.Unlock()
 	defer s.execs.Done()
 	if fail != nil {
-		return sendStartFailure(c, fail)
+		return sendStartFailure(c, fail, initproto.MsgStderr)
 	}
 
 	sh, err := s.shims.get()
@@ -228,7 +228,7 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	}
 	if ex.failure != nil {
 		s.shims.put(sh)
-		return sendStartFailure(c, ex.failure)
+		return sendStartFailure(c, ex.failure, initproto.MsgStderr)
 	}
 	ex.proc = &process{shim: sh, info: initproto.ProcessInfo{
 		Pid: ex.pid, Argv: req.Argv, Cwd: spec.Dir, User: id.Name, StartedAt: ex.start, TimeoutMs: req.TimeoutMs,
@@ -241,12 +241,13 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 }
 
 // sendStartFailure answers an exec whose executable could not be run as a
-// process that printed why and exited with the shell's code.
-func sendStartFailure(c *conn, f *startFailure) error {
+// process that printed why (on stream, MsgStderr or MsgStdout) and exited
+// with the shell's code.
+func sendStartFailure(c *conn, f *startFailure, stream initproto.MsgType) error {
 	if err := c.sendJSON(initproto.MsgStarted, initproto.Started{}); err != nil {
 		return nil
 	}
-	if err := c.send(initproto.MsgStderr, []byte(f.Message)); err != nil {
+	if err := c.send(stream, []byte(f.Message)); err != nil {
 		return nil
 	}
 	_ = c.sendJSON(initproto.MsgExit, initproto.ExitStatus{Code: f.Code})
@@ -310,53 +311,71 @@ func (ex *execution) startCommand(spec *shimSpec) (err error) {
 	ex.stderr = errR
 	parents, childFds = append(parents, errR), append(childFds, errW)
 
-	if err := ex.sh.send(shimMsgRun, spec, []int{stdinChild, outW, errW}); err != nil {
+	pid, errno, err := ex.srv.runOnShim(ex.sh, spec, []int{stdinChild, outW, errW})
+	if err != nil {
+		return err
+	}
+	if errno != 0 {
+		for _, f := range parents {
+			f.Close()
+		}
+		parents = nil
+		ex.failure = execFailure(ex.req.Argv[0], errno)
+		return nil
+	}
+	ex.pid = pid
+	return nil
+}
+
+// execFailure is the start failure of an executable that execve refused.
+func execFailure(argv0 string, errno unix.Errno) *startFailure {
+	code := 126
+	if errno == unix.ENOENT {
+		code = 127
+	}
+	return &startFailure{code, fmt.Sprintf("agentjail: %s: %v\n", argv0, errno)}
+}
+
+// runOnShim hands a command with its stdio fds to an idle shim and waits
+// for it to start. It returns the command's pid, or the errno with which
+// execve failed (the shim is then idle again). On error the shim has been
+// disposed of (returned to the pool when nothing reached it, else cut
+// off). The caller still owns and closes fds.
+func (s *Server) runOnShim(sh *shimProc, spec *shimSpec, fds []int) (int, unix.Errno, error) {
+	if err := sh.send(shimMsgRun, spec, fds); err != nil {
 		var pe *initproto.Error
 		if errors.As(err, &pe) {
-			ex.srv.shims.put(ex.sh) // nothing was sent
-			return err
+			s.shims.put(sh) // nothing was sent
+			return 0, 0, err
 		}
-		ex.sh.ctrl.Close() // a shim that cannot be talked to exits on EOF
-		return fmt.Errorf("start command: %w", err)
+		sh.ctrl.Close() // a shim that cannot be talked to exits on EOF
+		return 0, 0, fmt.Errorf("start command: %w", err)
 	}
-	closeFds(childFds)
-	childFds = nil
 	buf := make([]byte, 512)
-	typ, body, err := ex.sh.recv(buf)
+	typ, body, err := sh.recv(buf)
 	if err != nil {
-		ex.sh.ctrl.Close()
-		return fmt.Errorf("start command: shim %d: %w", ex.sh.pid, err)
+		sh.ctrl.Close()
+		return 0, 0, fmt.Errorf("start command: shim %d: %w", sh.pid, err)
 	}
 	switch typ {
 	case shimMsgStarted:
 		var st shimStarted
 		if err := jsonUnmarshal(body, &st); err != nil {
-			ex.sh.kill()
-			ex.srv.shims.linger(ex.sh)
-			return err
+			sh.kill()
+			s.shims.linger(sh)
+			return 0, 0, err
 		}
-		ex.pid = st.Pid
-		return nil
+		return st.Pid, 0, nil
 	case shimMsgExit:
 		var e shimExit
 		if err := jsonUnmarshal(body, &e); err != nil {
-			ex.sh.ctrl.Close()
-			return err
+			sh.ctrl.Close()
+			return 0, 0, err
 		}
-		for _, f := range parents {
-			f.Close()
-		}
-		parents = nil
-		errno := unix.Errno(e.StartErrno)
-		code := 126
-		if errno == unix.ENOENT {
-			code = 127
-		}
-		ex.failure = &startFailure{code, fmt.Sprintf("agentjail: %s: %v\n", ex.req.Argv[0], errno)}
-		return nil
+		return 0, unix.Errno(e.StartErrno), nil
 	}
-	ex.sh.ctrl.Close()
-	return fmt.Errorf("start command: shim %d sent unexpected message %q", ex.sh.pid, typ)
+	sh.ctrl.Close()
+	return 0, 0, fmt.Errorf("start command: shim %d sent unexpected message %q", sh.pid, typ)
 }
 
 // run streams the command's I/O until it exits and sends Exit.
@@ -384,13 +403,7 @@ func (ex *execution) run() {
 	if timer != nil {
 		timer.Stop()
 	}
-	status := initproto.ExitStatus{Pid: ex.pid, DurationNs: int64(time.Since(ex.start)), TimedOut: timedOut}
-	if res.Exited {
-		status.Code = res.Code
-	} else {
-		status.Signal = unix.SignalName(unix.Signal(res.Signal))
-		status.Code = 128 + res.Signal
-	}
+	status := exitStatus(res, ex.pid, ex.start, timedOut)
 
 	// Everything the command wrote before it exited is in the pipes now.
 	// Drain it without waiting for background descendants that may still
@@ -412,33 +425,56 @@ func (ex *execution) run() {
 	if !ex.connDead.Load() {
 		_ = ex.c.sendJSON(initproto.MsgExit, status)
 	}
-	switch {
-	case !shimOK:
-		ex.sh.ctrl.Close()
-	case res.Reusable:
-		s.shims.put(ex.sh)
-	default:
-		s.shims.linger(ex.sh)
-	}
+	s.releaseShim(ex.sh, res, shimOK)
 	ex.c.c.Close()
 	<-readerDone
 }
 
-// waitExit reads the shim's exit report. shimOK is false when the shim
-// died instead; the result then reflects the SIGKILL its death delivered
-// to the command.
+// waitExit reads the shim's exit report (see waitShim).
 func (ex *execution) waitExit() (res shimExit, shimOK bool) {
+	return ex.srv.waitShim(ex.sh, ex.pid)
+}
+
+// waitShim reads the exit report of the command pid running under sh.
+// shimOK is false when the shim died instead; the result then reflects
+// the SIGKILL its death delivered to the command.
+func (s *Server) waitShim(sh *shimProc, pid int) (res shimExit, shimOK bool) {
 	buf := make([]byte, 512)
 	for {
-		typ, body, err := ex.sh.recv(buf)
+		typ, body, err := sh.recv(buf)
 		if err != nil {
-			<-ex.sh.done
-			ex.srv.log.Printf("shim %d of pid %d ended without a report (%v)", ex.sh.pid, ex.pid, ex.sh.ws)
+			<-sh.done
+			s.log.Printf("shim %d of pid %d ended without a report (%v)", sh.pid, pid, sh.ws)
 			return shimExit{Signal: int(unix.SIGKILL)}, false
 		}
 		if typ == shimMsgExit && jsonUnmarshal(body, &res) == nil {
 			return res, true
 		}
+	}
+}
+
+// exitStatus is the wire status of a command's exit report.
+func exitStatus(res shimExit, pid int, start time.Time, timedOut bool) initproto.ExitStatus {
+	status := initproto.ExitStatus{Pid: pid, DurationNs: int64(time.Since(start)), TimedOut: timedOut}
+	if res.Exited {
+		status.Code = res.Code
+	} else {
+		status.Signal = unix.SignalName(unix.Signal(res.Signal))
+		status.Code = 128 + res.Signal
+	}
+	return status
+}
+
+// releaseShim returns a shim whose command ended to the pool, leaves it
+// with the command's leftovers, or cuts it off when it died.
+func (s *Server) releaseShim(sh *shimProc, res shimExit, shimOK bool) {
+	switch {
+	case !shimOK:
+		sh.ctrl.Close()
+	case res.Reusable:
+		s.shims.put(sh)
+	default:
+		s.shims.linger(sh)
 	}
 }
 

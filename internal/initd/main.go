@@ -120,7 +120,10 @@ func runInit(dir string) error {
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 
 	logger := log.New(os.Stderr, "agentjail init: ", log.LstdFlags|log.Lmicroseconds)
-	srv, err := NewServer(Options{Config: cfg, PeerCheck: true, ReapAll: true, Log: logger})
+	srv, err := NewServer(Options{
+		Config: cfg, PeerCheck: true, ReapAll: true, Log: logger,
+		RecordDir: filepath.Join(dir, initproto.RecordingsName),
+	})
 	if err != nil {
 		return err
 	}

@@ -43,6 +43,10 @@ type Options struct {
 	ShimArgs []string
 	// Log receives diagnostics (default: a logger on stderr).
 	Log *log.Logger
+	// RecordDir is where terminal sessions are recorded (asciicast v2,
+	// see initproto.RecordingsName); empty records nothing. It is created
+	// (0700) when missing.
+	RecordDir string
 }
 
 // Server serves init's control protocol: it starts and tracks commands
@@ -57,9 +61,11 @@ type Server struct {
 	reaper    *reaper
 	shims     *shimPool
 	devnull   int
+	recordDir string
 
 	mu           sync.Mutex
 	procs        map[int]*process
+	sessions     map[string]*ptySession
 	listeners    map[net.Listener]struct{}
 	conns        map[net.Conn]struct{}
 	closing      bool
@@ -118,7 +124,9 @@ func NewServer(opts Options) (*Server, error) {
 		log:          opts.Log,
 		reaper:       newReaper(opts.ReapAll),
 		devnull:      devnull,
+		recordDir:    opts.RecordDir,
 		procs:        make(map[int]*process),
+		sessions:     make(map[string]*ptySession),
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[net.Conn]struct{}),
 		shutdownDone: make(chan struct{}),
@@ -394,7 +402,13 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 	case initproto.MsgList:
 		return c.sendJSON(initproto.MsgOK, s.list())
 	case initproto.MsgAttach:
-		return newError(initproto.KindNotImplemented, "", "attaching to a running process is not implemented")
+		var req initproto.AttachRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		return s.attach(c, req)
+	case initproto.MsgSessions:
+		return c.sendJSON(initproto.MsgOK, s.listSessions())
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,
 		initproto.MsgMkdir, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
 		return s.fileOp(c, t, payload)

@@ -49,6 +49,9 @@ type shimSpec struct {
 	UID    int      `json:"uid"`
 	GID    int      `json:"gid"`
 	Groups []int    `json:"groups"`
+	// Tty makes the command's stdin (a terminal) its controlling
+	// terminal.
+	Tty bool `json:"tty,omitempty"`
 }
 
 // shimStarted reports the started command's pid.
@@ -181,6 +184,8 @@ func (s *shim) run(m shimMsg) bool {
 		Files: []uintptr{uintptr(m.fds[0]), uintptr(m.fds[1]), uintptr(m.fds[2])},
 		Sys: &syscall.SysProcAttr{
 			Setsid:     true,
+			Setctty:    spec.Tty,
+			Ctty:       0,
 			Pdeathsig:  syscall.SIGKILL,
 			Credential: &syscall.Credential{Uid: uint32(spec.UID), Gid: uint32(spec.GID), Groups: groups},
 			PidFD:      &pidfd,

@@ -17,6 +17,7 @@ type identity struct {
 	GID    int
 	Groups []int // supplementary groups, including GID
 	Home   string
+	Shell  string // login shell from /etc/passwd (may be empty)
 }
 
 // maxAccountFile bounds how much of /etc/passwd and /etc/group is read.
@@ -78,7 +79,7 @@ func findUser(passwd []byte, spec string) (*identity, error) {
 			return
 		}
 		if (numeric && u == uid) || (!numeric && f[0] == spec) {
-			found = &identity{Name: f[0], UID: u, GID: g, Home: f[5]}
+			found = &identity{Name: f[0], UID: u, GID: g, Home: f[5], Shell: f[6]}
 		}
 	})
 	switch {

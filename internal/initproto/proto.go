@@ -17,6 +17,7 @@
 //   - Ping, Signal, Kill, List, Stat, ReadDir, Mkdir, Remove, Rename, Access:
 //     init answers with one MsgOK frame (JSON result, possibly empty) or one
 //     MsgError frame (JSON Error).
+//
 //   - Exec: init answers MsgStarted (JSON Started) or MsgError. After
 //     MsgStarted the client may send MsgStdin / MsgStdinClose (when the
 //     request asked for a stdin stream) and init sends MsgStdout / MsgStderr
@@ -24,21 +25,39 @@
 //     and closes the connection. A client that closes the connection before
 //     MsgExit gets the command and all its descendants killed. Another
 //     connection may Signal or Kill the process by its pid.
+//
 //   - ReadFile: init answers MsgOK (JSON FileInfo) or MsgError, then after
 //     MsgOK streams MsgData frames ended by MsgEOF, or by MsgError when
 //     reading fails midway.
+//
 //   - WriteFile: init answers MsgOK (empty: ready) or MsgError; after MsgOK
 //     the client streams MsgData frames ended by MsgEOF, and init answers
 //     MsgOK (JSON FileInfo of the written file) or MsgError.
 //
-// # Reserved for what comes next
+//   - Sessions: init answers MsgOK with []SessionInfo.
 //
-// The process model is shaped for an E2B-style process API: processes are
-// identified by their in-jail pid, can be listed, signalled and killed from
-// any connection. Attaching to a running process from a new connection
-// (MsgAttach), PTY sessions (ExecRequest.PTY) and terminal resizing
-// (MsgResize) have reserved message types and fields; init answers them
-// with a KindNotImplemented error until they are implemented.
+// # Terminal sessions
+//
+// An Exec whose request carries PTY options starts a terminal session: init
+// allocates a pseudo-terminal inside the jail and runs the command as the
+// leader of a new session with the terminal as its controlling terminal
+// (stdin, stdout and stderr all on it). Init answers MsgStarted (JSON
+// Started with its Session), and the connection becomes the session's
+// first attachment. MsgAttach (JSON AttachRequest) attaches another
+// connection to a running session: init answers MsgStarted, then sends the
+// session's recent output (its scrollback) followed by the live output.
+//
+// On an attachment, init sends MsgStdout chunks of terminal output and,
+// when the command exits, one MsgExit (JSON ExitStatus) before closing the
+// connection. The client may send MsgStdin (bytes typed into the terminal;
+// ignored on a read-only attachment), MsgResize (JSON ResizeRequest) and
+// MsgPTYSignal (JSON SignalRequest, Pid ignored: the signal goes to the
+// terminal's foreground process group). Closing an attachment detaches it:
+// the session keeps running. An attachment that does not read fast enough
+// has output dropped for it (it gets a notice in the stream when it
+// catches up); it never slows the session or the other attachments down.
+//
+// Signal and Kill with a session's pid act on its command as on any other.
 package initproto
 
 import (
@@ -63,6 +82,11 @@ const (
 	ConfigName = "init.json"
 	// LogName is init's log in ControlDir.
 	LogName = "init.log"
+	// RecordingsName is the directory in ControlDir where init writes the
+	// recordings of terminal sessions: {session}.cast.part while the
+	// session runs, renamed to {session}.cast once it ended and the file
+	// is complete.
+	RecordingsName = "recordings"
 )
 
 // ReadyLine is what init writes to its original stdout once its socket
@@ -76,10 +100,11 @@ type MsgType uint8
 const (
 	MsgPing      MsgType = 0x01 // empty payload
 	MsgExec      MsgType = 0x02 // ExecRequest
-	MsgAttach    MsgType = 0x03 // AttachRequest: reserved, not implemented
+	MsgAttach    MsgType = 0x03 // AttachRequest
 	MsgSignal    MsgType = 0x04 // SignalRequest
 	MsgKill      MsgType = 0x05 // KillRequest
 	MsgList      MsgType = 0x06 // empty payload; OK carries []ProcessInfo
+	MsgSessions  MsgType = 0x07 // empty payload; OK carries []SessionInfo
 	MsgStat      MsgType = 0x10 // PathRequest; OK carries FileInfo
 	MsgReadDir   MsgType = 0x11 // PathRequest; OK carries []FileInfo
 	MsgReadFile  MsgType = 0x12 // PathRequest
@@ -94,7 +119,8 @@ const (
 const (
 	MsgStdin      MsgType = 0x20 // raw bytes for the process's stdin
 	MsgStdinClose MsgType = 0x21 // empty: close the process's stdin
-	MsgResize     MsgType = 0x22 // ResizeRequest: reserved, not implemented
+	MsgResize     MsgType = 0x22 // ResizeRequest
+	MsgPTYSignal  MsgType = 0x23 // SignalRequest to a terminal's foreground process group
 )
 
 // Types sent in either direction within an operation.
@@ -132,10 +158,11 @@ func (t MsgType) String() string {
 
 var msgNames = map[MsgType]string{
 	MsgPing: "ping", MsgExec: "exec", MsgAttach: "attach", MsgSignal: "signal", MsgKill: "kill",
-	MsgList: "list", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
+	MsgList: "list", MsgSessions: "sessions", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
 	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgRemove: "remove", MsgRename: "rename",
 	MsgAccess: "access", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
-	MsgData: "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",
+	MsgPTYSignal: "pty-signal",
+	MsgData:      "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",
 	MsgStdout: "stdout", MsgStderr: "stderr", MsgExit: "exit",
 }
 

@@ -44,27 +44,62 @@ type ExecRequest struct {
 	// Stdin is true when the client streams stdin with MsgStdin frames
 	// (ended by MsgStdinClose); false gives the command an empty stdin.
 	Stdin bool `json:"stdin,omitempty"`
-	// PTY requests a pseudo-terminal for the command. Reserved: init
-	// answers KindNotImplemented.
+	// PTY makes the command a terminal session (see the package
+	// documentation). Argv may then be empty: the user's login shell from
+	// the jail's /etc/passwd runs, as a login shell ("-l").
 	PTY *PTYOptions `json:"pty,omitempty"`
 }
 
-// PTYOptions are the terminal settings of a PTY session (reserved).
+// PTYOptions are the settings of a terminal session.
 type PTYOptions struct {
+	// Rows and Cols are the window size (default 24x80).
 	Rows uint16 `json:"rows"`
 	Cols uint16 `json:"cols"`
+	// Term is the TERM of the command (default DefaultTerm); an Env entry
+	// for TERM overrides it.
+	Term string `json:"term,omitempty"`
+	// RecordInput records typed input in the session's recording (output
+	// and resizes are always recorded). Input typed while the terminal
+	// does not echo in canonical mode (a password prompt) is never
+	// recorded.
+	RecordInput bool `json:"record_input,omitempty"`
 }
 
-// ResizeRequest changes a PTY session's window size (reserved).
+// DefaultTerm is the TERM of a terminal session that names none.
+const DefaultTerm = "xterm-256color"
+
+// ResizeRequest changes a terminal session's window size (MsgResize).
 type ResizeRequest struct {
 	Rows uint16 `json:"rows"`
 	Cols uint16 `json:"cols"`
 }
 
-// AttachRequest attaches a connection to a running process's output and
-// input (reserved).
+// AttachRequest attaches a connection to a running terminal session
+// (MsgAttach).
 type AttachRequest struct {
-	Pid int `json:"pid"`
+	// Session is the session's id (SessionInfo.ID).
+	Session string `json:"session"`
+	// ReadOnly attachments see the output but cannot type or resize.
+	ReadOnly bool `json:"read_only,omitempty"`
+}
+
+// SessionInfo describes a running terminal session.
+type SessionInfo struct {
+	// ID identifies the session in the jail (hex); its recording is
+	// ControlDir/recordings/{ID}.cast.
+	ID        string    `json:"id"`
+	Pid       int       `json:"pid"`
+	Argv      []string  `json:"argv"`
+	Cwd       string    `json:"cwd"`
+	User      string    `json:"user"`
+	Term      string    `json:"term"`
+	Rows      uint16    `json:"rows"`
+	Cols      uint16    `json:"cols"`
+	StartedAt time.Time `json:"started_at"`
+	// Attached counts the connections attached now.
+	Attached int `json:"attached"`
+	// Recording is false when init could not record the session.
+	Recording bool `json:"recording"`
 }
 
 // Started is init's answer to an accepted ExecRequest.
@@ -72,6 +107,8 @@ type Started struct {
 	// Pid is the command's pid inside the jail (0 when the executable could
 	// not be started; the exit status then says why).
 	Pid int `json:"pid"`
+	// Session describes the terminal session of a PTY exec or an attach.
+	Session *SessionInfo `json:"session,omitempty"`
 }
 
 // ExitStatus is how a command ended.

@@ -143,27 +143,28 @@ func (m *Manager) recordNet(jailID string, ce netpolicy.ConnEvent) {
 }
 
 // Events subscribes to a jail's live event stream from sequence number
-// after (0: the oldest event still held) for the given types (none: all).
-func (m *Manager) Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, error) {
+// after (0: the oldest event still held) for the given types (none: all),
+// and returns the newest sequence number at the time of subscribing.
+func (m *Manager) Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, uint64, error) {
 	var mask observe.TypeMask
 	for _, t := range types {
 		typ, err := observe.ParseType(t)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		mask |= observe.MaskOf(typ)
 	}
 	e, err := m.lookup(ref)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	e.mu.RLock()
 	o := e.obs
 	e.mu.RUnlock()
 	if o == nil {
-		return nil, errdefs.Conflictf("jail %s has not run yet: no events", e.snapshot().Name)
+		return nil, 0, errdefs.Conflictf("jail %s has not run yet: no events", e.snapshot().Name)
 	}
-	return o.bus.Subscribe(after, mask), nil
+	return o.bus.Subscribe(after, mask), o.bus.Last(), nil
 }
 
 // Processes returns the jail's process tree as observed.

@@ -117,7 +117,7 @@ type Event struct {
 	FDs   [2]int32 // syscall: the descriptors a successful pipe, pipe2 or socketpair filled in
 
 	// file, proc
-	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit
+	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit; net: the record kind (netcap.Op*)
 	Bytes int64  // file: bytes moved by the reads or writes of one open; net: bytes
 	Count int64  // file: number of calls aggregated
 	FD    int32  // file: the descriptor, -1 when none
@@ -125,8 +125,9 @@ type Event struct {
 
 	// net
 	Dir, Proto, Src, Dst string
-	Packets              uint64
-	FirstTS, LastTS      int64 // Unix ns
+	Packets              uint64 // net: packets the jail sent
+	PacketsIn            uint64 // net: packets the jail received
+	FirstTS, LastTS      int64  // Unix ns
 	// net, from the network policy: how the connection went (via: kernel,
 	// dns, proxy, ...), the name asked for, the verdict and the rule that
 	// decided, HTTP(S) method/path (in Path)/status, bytes received by the
@@ -221,8 +222,12 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = appendStringField(b, "proto", e.Proto)
 		b = appendStringField(b, "src", e.Src)
 		b = appendStringField(b, "dst", e.Dst)
+		b = appendOptString(b, "op", e.Op)
 		b = appendIntField(b, "bytes", e.Bytes)
 		b = appendUintField(b, "packets", e.Packets)
+		if e.PacketsIn != 0 {
+			b = appendUintField(b, "packets_in", e.PacketsIn)
+		}
 		b = appendIntField(b, "first_ts", e.FirstTS/1e6)
 		b = appendIntField(b, "last_ts", e.LastTS/1e6)
 		b = e.appendPolicy(b)

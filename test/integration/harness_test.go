@@ -14,12 +14,15 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Timeouts of the harness.
@@ -147,20 +150,12 @@ func shared(tb testing.TB) *daemon {
 	return sharedDaemon
 }
 
-// newDaemon starts a daemon of the test's own on a fresh data dir; it is
-// shut down, torn down and checked for leftovers when the test ends.
-//
-// The shared daemon is shut down first (the next shared call starts a new
-// one): the jail network of a daemon is host-wide (the interface aj0, the
-// nftables table "agentjail", the address 10.88.0.1 and its ports), so two
-// daemons cannot run side by side, and a teardown would take down the
-// network of a daemon still running.
+// newDaemon starts a daemon of the test's own on a fresh data dir, beside
+// the shared one; it is shut down, torn down and checked for leftovers when
+// the test ends.
 func newDaemon(t testing.TB) *daemon {
 	t.Helper()
 	requireEnv(t)
-	if err := stopShared(); err != nil {
-		t.Fatalf("shutting down the shared daemon: %v", err)
-	}
 	d, err := startDaemon("")
 	if err != nil {
 		t.Fatalf("starting a daemon: %v", err)
@@ -187,9 +182,22 @@ type daemon struct {
 	api     *client
 	// ids records every jail id the daemon ever used (see idWatcher).
 	ids *idWatcher
+	// flags are added to serve's command line.
+	flags []string
 }
 
 var listeningRE = regexp.MustCompile(`agentjail: listening on http://(\S+)`)
+
+// netSeq numbers the test daemons' jail networks.
+var netSeq atomic.Int64
+
+// netFlags returns serve flags giving a daemon a jail network of its own:
+// the interfaces, nftables table and subnet of a daemon are host-wide, so
+// daemons side by side (and others on this host) need distinct ones.
+func netFlags() []string {
+	n := (os.Getpid()*7 + int(netSeq.Add(1))) % 100
+	return []string{"--net-prefix", fmt.Sprintf("t%02d", n), "--subnet", fmt.Sprintf("10.%d.0.0/16", 120+n)}
+}
 
 // startDaemon starts `agentjail serve` on dir (a new temp dir when empty)
 // and waits until it listens.
@@ -201,7 +209,7 @@ func startDaemon(dir string) (*daemon, error) {
 			return nil, err
 		}
 	}
-	d := &daemon{dir: dir, exited: make(chan struct{})}
+	d := &daemon{dir: dir, exited: make(chan struct{}), flags: netFlags()}
 	err := d.start()
 	if err == nil {
 		d.ids, err = watchIDs(filepath.Join(dir, "jails"))
@@ -223,7 +231,7 @@ func (d *daemon) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(binPath, "serve", "--data-dir", d.dir, "--addr", "127.0.0.1:0")
+	cmd := exec.Command(binPath, append([]string{"serve", "--data-dir", d.dir, "--addr", "127.0.0.1:0"}, d.flags...)...)
 	cmd.Stdout = logf
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -376,6 +384,13 @@ func (d *daemon) shutdown() error {
 	})
 	if len(left) > 0 {
 		errs = append(errs, fmt.Errorf("left behind after teardown of %s:\n  %s", d.dir, strings.Join(left, "\n  ")))
+		// Still leave the host clean: what teardown missed is released
+		// here (the failure above stands).
+		if err := forceRelease(d.dir); err != nil {
+			errs = append(errs, err)
+		} else if err := os.RemoveAll(d.dir); err != nil {
+			errs = append(errs, err)
+		}
 	} else if err := os.RemoveAll(d.dir); err != nil {
 		errs = append(errs, err)
 	} else {
@@ -431,6 +446,31 @@ func procState(pid string) string {
 		}
 	}
 	return ""
+}
+
+// forceRelease lazily unmounts everything mounted under dir and detaches
+// the loop devices its files back, for when teardown failed.
+func forceRelease(dir string) error {
+	mounts := mountsUnder(dir)
+	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) }) // deepest first
+	var errs []error
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	for _, l := range loopsUnder(dir) {
+		dev, _, _ := strings.Cut(l, " ")
+		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", dev, err))
+		}
+		unix.Close(fd)
+	}
+	return errors.Join(errs...)
 }
 
 // owns reports whether a host-wide item (a cgroup path, a process line)

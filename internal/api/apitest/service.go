@@ -476,22 +476,23 @@ func (s *Service) Bus(ref string) *observe.Bus {
 }
 
 // Events subscribes to the stream Bus(ref) returns.
-func (s *Service) Events(_ context.Context, ref string, after uint64, types []string) (*observe.Subscription, error) {
+func (s *Service) Events(_ context.Context, ref string, after uint64, types []string) (*observe.Subscription, uint64, error) {
 	s.mu.Lock()
 	_, err := s.lookup(ref)
 	s.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var mask observe.TypeMask
 	for _, t := range types {
 		typ, err := observe.ParseType(t)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		mask |= observe.MaskOf(typ)
 	}
-	return s.Bus(ref).Subscribe(after, mask), nil
+	b := s.Bus(ref)
+	return b.Subscribe(after, mask), b.Last(), nil
 }
 
 // Processes returns a tree holding one process per running jail.
