@@ -105,7 +105,11 @@ func readHostsFile(path string) (map[string][]netip.Addr, error) {
 
 // serve runs the daemon until ctx is cancelled.
 func serve(ctx context.Context, opts jail.Options, addr string) error {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	level := slog.LevelInfo
+	if os.Getenv("AGENTJAIL_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	dataDir := opts.DataDir
 	token, err := api.EnsureToken(dataDir)
 	if err != nil {

@@ -99,8 +99,18 @@ func ReadToken(path string) (string, error) {
 }
 
 // authorized reports whether r carries the bearer token. The comparison
-// takes the same time wherever the tokens differ.
+// takes the same time wherever the tokens differ. The terminal WebSocket
+// also takes the token or a ticket in its query (see terminalAuthorized).
 func (s *server) authorized(r *http.Request) bool {
+	if r.Pattern == terminalPattern && s.queryAuthorized(r) {
+		return true
+	}
+	return s.headerAuthorized(r)
+}
+
+// headerAuthorized reports whether r carries the bearer token in its
+// Authorization header.
+func (s *server) headerAuthorized(r *http.Request) bool {
 	h := r.Header.Get("Authorization")
 	scheme, tok, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || s.token == "" {

@@ -136,6 +136,14 @@ func TestOpenAPISchemas(t *testing.T) {
 		"FileStat":        model.FileStat{},
 		"NetStat":         model.NetStat{},
 		"Report":          model.Report{},
+		"Recording":       config.Recording{},
+		"TerminalMessage": TerminalMessage{},
+		"ErrorDetail":     ErrorDetail{},
+		"TerminalSession": model.TerminalSession{},
+		"TerminalList":    TerminalList{},
+		"TerminalTicket":  TerminalTicket{},
+		"RecordingInfo":   model.Recording{},
+		"RecordingList":   RecordingList{},
 	} {
 		s, ok := doc.Components.Schemas[name]
 		if !ok {

@@ -135,8 +135,7 @@ var routes = []route{
 	{http.MethodGet, "/jails/{id}/processes", (*server).processes, true},
 	{http.MethodGet, "/jails/{id}/fs/diff", (*server).fsDiff, true},
 	{http.MethodGet, "/jails/{id}/report", (*server).report, true},
-	// The terminal authenticates itself: it also takes ?token= or ?ticket=.
-	{http.MethodGet, "/jails/{id}/terminal", (*server).terminal, false},
+	{http.MethodGet, "/jails/{id}/terminal", (*server).terminal, true},
 	{http.MethodPost, "/jails/{id}/terminal/ticket", (*server).terminalTicket, true},
 	{http.MethodGet, "/jails/{id}/terminals", (*server).listTerminals, true},
 	{http.MethodGet, "/jails/{id}/recordings", (*server).listRecordings, true},

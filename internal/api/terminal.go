@@ -139,13 +139,15 @@ func (ts *ticketStore) redeem(tok, ref string) bool {
 	return t.jail == ref && time.Now().Before(t.expires)
 }
 
-// terminalAuthorized accepts the bearer token in the Authorization
-// header, as the token query parameter (browsers cannot set headers on a
-// WebSocket), or a ticket. Query strings are never logged.
-func (s *server) terminalAuthorized(r *http.Request) bool {
-	if s.authorized(r) {
-		return true
-	}
+// terminalPattern is the route of the terminal WebSocket, whose query
+// may carry credentials.
+const terminalPattern = "GET /jails/{id}/terminal"
+
+// queryAuthorized accepts the token as the token query parameter
+// (browsers cannot set headers on a WebSocket) or a ticket from POST
+// /jails/{id}/terminal/ticket as the ticket parameter. Query strings are
+// never logged.
+func (s *server) queryAuthorized(r *http.Request) bool {
 	q := r.URL.Query()
 	if tok := q.Get("token"); tok != "" && s.token != "" {
 		return subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1
@@ -214,10 +216,6 @@ func terminalRequest(r *http.Request) (model.TerminalRequest, error) {
 const wsReadLimit = 1 << 20
 
 func (s *server) terminal(w http.ResponseWriter, r *http.Request) error {
-	if !s.terminalAuthorized(r) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="agentjail"`)
-		return errdefs.New(errdefs.ErrUnauthorized, "missing or invalid credentials (Authorization: Bearer <token>, ?token=<token> or ?ticket=<ticket from POST /jails/{id}/terminal/ticket>)")
-	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		w.Header().Set("Upgrade", "websocket")
 		return errdefs.Invalidf("this endpoint is a WebSocket: the request must ask to upgrade (Upgrade: websocket)")

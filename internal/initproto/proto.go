@@ -14,10 +14,9 @@
 // A connection carries exactly one operation. The client sends one request
 // frame (a Msg* request type below), then the operation proceeds:
 //
-//   - Ping, Signal, Kill, List, Stat, ReadDir, Mkdir, Remove, Rename, Access:
-//     init answers with one MsgOK frame (JSON result, possibly empty) or one
-//     MsgError frame (JSON Error).
-//
+//   - Ping, Signal, Kill, List, Sessions, Stat, ReadDir, Mkdir, Remove,
+//     Rename, Access: init answers with one MsgOK frame (JSON result,
+//     possibly empty) or one MsgError frame (JSON Error).
 //   - Exec: init answers MsgStarted (JSON Started) or MsgError. After
 //     MsgStarted the client may send MsgStdin / MsgStdinClose (when the
 //     request asked for a stdin stream) and init sends MsgStdout / MsgStderr
@@ -25,16 +24,12 @@
 //     and closes the connection. A client that closes the connection before
 //     MsgExit gets the command and all its descendants killed. Another
 //     connection may Signal or Kill the process by its pid.
-//
 //   - ReadFile: init answers MsgOK (JSON FileInfo) or MsgError, then after
 //     MsgOK streams MsgData frames ended by MsgEOF, or by MsgError when
 //     reading fails midway.
-//
 //   - WriteFile: init answers MsgOK (empty: ready) or MsgError; after MsgOK
 //     the client streams MsgData frames ended by MsgEOF, and init answers
 //     MsgOK (JSON FileInfo of the written file) or MsgError.
-//
-//   - Sessions: init answers MsgOK with []SessionInfo.
 //
 // # Terminal sessions
 //

@@ -425,7 +425,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
 		if st, err := m.backend.Stats(ctx, m.instance(e)); err == nil {
 			j.Stats = &model.Stats{
 				MemoryBytes: st.MemoryBytes, MemoryLimitBytes: st.MemoryLimitBytes,
-				CPUTimeNs: st.CPUTimeNs, Pids: st.Pids, PidsLimit: st.PidsLimit, OOMKills: st.OOMKills,
+				CPUTimeNs: st.CPUTimeNs, Pids: st.Pids, PidsLimit: uint64(j.Config.Isolation.Resources.PidsLimit), OOMKills: st.OOMKills,
 				DiskUsedBytes: st.DiskUsedBytes, DiskLimitBytes: st.DiskLimitBytes,
 			}
 		} else {

@@ -19,6 +19,30 @@ import (
 	"github.com/agentjail/agentjail/internal/initproto"
 )
 
+// blocked refuses a path under one of the jail's blocked paths, judged on
+// the path as asked (init judges the resolved path as well).
+func blocked(inst backend.Instance, p string) error {
+	clean := path.Clean(p)
+	for _, b := range inst.Config.Isolation.Filesystem.BlockedPaths {
+		if clean == b || strings.HasPrefix(clean, b+"/") {
+			return errdefs.Forbiddenf("path %q is blocked by the jail's policy", p)
+		}
+	}
+	return nil
+}
+
+// runningPath is running plus the blocked-path check of p.
+func (m *Manager) runningPath(ref, p string) (backend.Instance, *initclient.Client, error) {
+	inst, c, err := m.running(ref)
+	if err != nil {
+		return inst, nil, err
+	}
+	if err := blocked(inst, p); err != nil {
+		return inst, nil, err
+	}
+	return inst, c, nil
+}
+
 // running returns the jail's instance and init client, or ErrConflict when
 // it does not run.
 func (m *Manager) running(ref string) (backend.Instance, *initclient.Client, error) {
@@ -185,7 +209,7 @@ func (m *Manager) Stat(ctx context.Context, ref, p string) (*model.FileInfo, err
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +226,7 @@ func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]model.FileInfo,
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +246,7 @@ func (m *Manager) ReadFile(ctx context.Context, ref, p string) (*model.FileInfo,
 	if err := checkPath(p); err != nil {
 		return nil, nil, err
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -239,7 +263,7 @@ func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opt
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +280,7 @@ func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts model.WriteOpti
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +301,7 @@ func (m *Manager) Remove(ctx context.Context, ref, p string, recursive bool) err
 	if p == "/" {
 		return errdefs.Forbiddenf("refusing to remove the jail's root")
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return err
 	}
@@ -298,6 +322,9 @@ func (m *Manager) Access(ctx context.Context, ref, p, mode, user string) (*model
 	}
 	if user == "" {
 		user = inst.Config.Isolation.Process.User
+	}
+	if err := blocked(inst, p); err != nil {
+		return &model.AccessResult{Path: p, Mode: mode, User: user, Accessible: false, Reason: err.Error()}, nil
 	}
 	ok, reason, err := c.Access(ctx, p, mode == "write", user)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -179,9 +180,22 @@ type ruleset struct {
 	protected []netip.Prefix // protected IPv4 ranges for the kernel
 }
 
+// nlBuffer is the netlink socket buffer size for table transactions: the
+// kernel acknowledges every message of the batch, and with many jails the
+// default buffer overflows (ENOBUFS).
+const nlBuffer = 32 << 20
+
+// bigBuffers sizes a transaction's netlink socket for a large batch.
+func bigBuffers(c *netlink.Conn) error {
+	if err := c.SetReadBuffer(nlBuffer); err != nil {
+		return err
+	}
+	return c.SetWriteBuffer(nlBuffer)
+}
+
 // apply replaces the manager's table with rs in one transaction.
 func (rs *ruleset) apply() error {
-	c, err := nftables.New()
+	c, err := nftables.New(nftables.WithSockOptions(bigBuffers))
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}

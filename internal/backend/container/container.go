@@ -156,9 +156,19 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 	if err != nil {
 		return err
 	}
+	if err := checkHostInputs(inst.Config, lower); err != nil {
+		return err
+	}
+	t0 := time.Now()
 	if err := b.opts.Pool.CreateDisk(inst.ID, inst.Config.Isolation.Resources.DiskBytes, p.disk); err != nil {
 		return fmt.Errorf("jail disk: %w", err)
 	}
+	tDisk := time.Now()
+	defer func() {
+		if err == nil {
+			b.opts.Log.Debug("prepared jail", "jail", inst.ID, "disk", tDisk.Sub(t0), "total", time.Since(t0))
+		}
+	}()
 	if err := b.seedUpper(inst, lower, p); err != nil {
 		return err
 	}
@@ -179,7 +189,7 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 // root when the jail has a user namespace.
 func (b *Backend) seedUpper(inst backend.Instance, lower string, p paths) error {
 	cfg := inst.Config
-	uid, gid := lookupUser(lower, cfg.Isolation.Process.User)
+	uid, gid, _ := lookupUser(lower, cfg.Isolation.Process.User)
 	shift := 0
 	if userns(cfg) {
 		shift = UIDMapBase
@@ -207,15 +217,36 @@ func (b *Backend) seedUpper(inst backend.Instance, lower string, p paths) error 
 	return os.Chown(cur, shift+uid, shift+gid)
 }
 
+// checkHostInputs verifies what the config names on the host and in the
+// lower tree before anything is made: mount sources exist, the jail's user
+// exists in the tree's /etc/passwd.
+func checkHostInputs(cfg *config.Config, lower string) error {
+	fs := cfg.Isolation.Filesystem
+	for field, mounts := range map[string][]config.Mount{"read_only_mounts": fs.ReadOnlyMounts, "read_write_mounts": fs.ReadWriteMounts} {
+		for i, m := range mounts {
+			if _, err := os.Stat(m.Source); err != nil {
+				return errdefs.Unprocessablef("isolation.filesystem.%s[%d].source: %v", field, i, err)
+			}
+		}
+	}
+	user := cfg.Isolation.Process.User
+	if _, err := strconv.Atoi(user); err != nil {
+		if _, _, ok := lookupUser(lower, user); !ok {
+			return errdefs.Unprocessablef("isolation.process.user: no user %q in the jail's /etc/passwd (use a name it has or a numeric uid)", user)
+		}
+	}
+	return nil
+}
+
 // lookupUser resolves a user name or uid against lower/etc/passwd; an
-// unknown name resolves to uid/gid 1000.
-func lookupUser(lower, user string) (int, int) {
+// unknown name resolves to uid/gid 1000 with ok false.
+func lookupUser(lower, user string) (uid, gid int, ok bool) {
 	if n, err := strconv.Atoi(user); err == nil {
-		return n, n
+		return n, n, true
 	}
 	f, err := os.Open(filepath.Join(lower, "etc", "passwd"))
 	if err != nil {
-		return 1000, 1000
+		return 1000, 1000, false
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -225,11 +256,11 @@ func lookupUser(lower, user string) (int, int) {
 			uid, err1 := strconv.Atoi(fields[2])
 			gid, err2 := strconv.Atoi(fields[3])
 			if err1 == nil && err2 == nil {
-				return uid, gid
+				return uid, gid, true
 			}
 		}
 	}
-	return 1000, 1000
+	return 1000, 1000, false
 }
 
 func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string]string) error {
@@ -328,12 +359,6 @@ func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) er
 			return fmt.Errorf("network namespace: %w", err)
 		}
 	}
-	// A container left behind by a crash blocks the id: remove it.
-	if st, _, err := b.runtime.State(ctx, inst.ID); err == nil && st != "running" && st != "paused" {
-		if err := b.runtime.Delete(ctx, inst.ID, true); err != nil {
-			return err
-		}
-	}
 	_ = os.Remove(filepath.Join(p.control, initproto.SocketName))
 	return nil
 }
@@ -341,13 +366,16 @@ func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) er
 // Start implements backend.Backend.
 func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Status, error) {
 	p := b.paths(inst)
+	t0 := time.Now()
 	if err := b.ensure(ctx, inst, p); err != nil {
 		return backend.Status{}, err
 	}
+	tEnsure := time.Now()
 	att, err := b.attach(ctx, inst, p)
 	if err != nil {
 		return backend.Status{}, err
 	}
+	tAttach := time.Now()
 	ok := false
 	defer func() {
 		if !ok {
@@ -362,10 +390,21 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
+	tBundle := time.Now()
 	pid, err := b.runtime.Create(ctx, inst.ID, p.dir)
+	if errors.Is(err, errdefs.ErrConflict) {
+		// A stopped container left behind by a crash holds the id.
+		if st, _, serr := b.runtime.State(ctx, inst.ID); serr == nil && st != "running" && st != "paused" {
+			if derr := b.runtime.Delete(ctx, inst.ID, true); derr != nil {
+				return backend.Status{}, derr
+			}
+			pid, err = b.runtime.Create(ctx, inst.ID, p.dir)
+		}
+	}
 	if err != nil {
 		return backend.Status{}, fmt.Errorf("create container: %w", err)
 	}
+	tCreate := time.Now()
 	if inst.OnCreated != nil {
 		if err := inst.OnCreated(p.cgroup); err != nil {
 			if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
@@ -378,6 +417,8 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 		return backend.Status{}, fmt.Errorf("start jail init: %w", err)
 	}
 	ok = true
+	b.opts.Log.Debug("started jail", "jail", inst.ID, "ensure", tEnsure.Sub(t0), "network", tAttach.Sub(tEnsure),
+		"bundle", tBundle.Sub(tAttach), "runtime_create", tCreate.Sub(tBundle), "start", time.Since(tCreate), "total", time.Since(t0))
 	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup}, nil
 }
 

@@ -47,7 +47,7 @@ func TestIsolation(t *testing.T) {
 	expectResults(t, r, map[string]string{
 		"pid": "1",
 		// runc adds HOME (from the rootfs's /etc/passwd) when the spec has none.
-		"env":      DefaultPath + " HOME=/root",
+		"env":      strings.Join(initEnv, " ") + " HOME=/root",
 		"hostname": "jail-" + e.id,
 
 		"mount":                         "EPERM",
@@ -127,7 +127,7 @@ func TestIsolation(t *testing.T) {
 			t.Errorf("memory.memsw.limit_in_bytes = %s, want equal to the memory limit (no swap)", got)
 		}
 	}
-	if got := cg("pids", "pids.max"); got != "64" {
+	if got := cg("pids", "pids.max"); got != strconv.Itoa(64+PidsReserve) {
 		t.Errorf("pids.max = %s", got)
 	}
 	if got := cg("cpu", "cpu.shares"); got != strconv.Itoa(config.DefaultCPUShares) {

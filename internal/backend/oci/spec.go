@@ -39,10 +39,19 @@ const (
 	controlRoot = "/.agentjail"
 )
 
-// DefaultPath is the only environment variable the spec gives the jail's
-// init (runc adds HOME, read from the rootfs's /etc/passwd, when it is
-// missing).
+// DefaultPath is the PATH the spec gives the jail's init (runc adds HOME,
+// read from the rootfs's /etc/passwd, when it is missing).
 const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// initEnv keeps the init's and its shims' Go runtimes small: one P means
+// fewer threads (each counts against the pids limit) and less memory.
+// Commands do not inherit it: init builds their environment itself.
+var initEnv = []string{DefaultPath, "GOMAXPROCS=1", "GOGC=50"}
+
+// PidsReserve is added to the jail's pids_limit for agentjail's own tasks
+// in the jail (init and its per-command shims and their threads), so the
+// jail's processes get the whole limit they asked for.
+const PidsReserve = 32
 
 // OOMScoreAdj is the oom_score_adj of every jail process: positive, so that
 // on host-wide memory pressure the kernel picks jail processes before the
@@ -149,7 +158,7 @@ func Spec(o SpecOptions) (*specs.Spec, error) {
 			Terminal: false,
 			User:     specs.User{UID: 0, GID: 0},
 			Args:     []string{InitPath, "init"},
-			Env:      []string{DefaultPath},
+			Env:      initEnv,
 			Cwd:      "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  caps,
@@ -388,7 +397,7 @@ func (o *SpecOptions) resources() (*specs.LinuxResources, error) {
 		quota := r.CPUQuota
 		cpu.Quota = &quota
 	}
-	pids := r.PidsLimit
+	pids := r.PidsLimit + PidsReserve
 
 	devs := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
 	for _, d := range allowedDevices {

@@ -58,7 +58,7 @@ func TestSpecDefaults(t *testing.T) {
 	s := mustSpec(t, testOptions(nil))
 	p := s.Process
 	if !reflect.DeepEqual(p.Args, []string{"/.agentjail/agentjail", "init"}) || p.Cwd != "/" || p.Terminal ||
-		p.User.UID != 0 || p.User.GID != 0 || !reflect.DeepEqual(p.Env, []string{DefaultPath}) {
+		p.User.UID != 0 || p.User.GID != 0 || !reflect.DeepEqual(p.Env, initEnv) {
 		t.Errorf("process = %+v", p)
 	}
 	caps := config.DefaultCapabilities
@@ -129,7 +129,7 @@ func TestSpecDefaults(t *testing.T) {
 	if *r.CPU.Shares != config.DefaultCPUShares || *r.CPU.Period != config.DefaultCPUPeriod || r.CPU.Quota != nil {
 		t.Errorf("cpu = %+v", r.CPU)
 	}
-	if *r.Pids.Limit != config.DefaultPids {
+	if *r.Pids.Limit != config.DefaultPids+PidsReserve {
 		t.Errorf("pids = %d", *r.Pids.Limit)
 	}
 	if d := r.Devices[0]; d.Allow || d.Access != "rwm" || d.Type != "" {

@@ -261,9 +261,9 @@ func dnsReply(q []byte) []byte {
 
 // helperJob is what the helper process does, passed in helperEnv.
 type helperJob struct {
-	Netns       string
-	Send, Recv  int64 // transfer sizes (payload bytes)
-	DNS bool // also query dnsName over UDP and TCP
+	Netns      string
+	Send, Recv int64 // transfer sizes (payload bytes)
+	DNS        bool  // also query dnsName over UDP and TCP
 }
 
 // helperResult is what the helper reports: the local address of each of
@@ -486,4 +486,3 @@ func (c *netCollector) waitFor(t testing.TB, what string, cond func([]observe.Ev
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-

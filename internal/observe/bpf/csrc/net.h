@@ -41,7 +41,7 @@ struct flow_key {
  * transport header and the payload) of the skbs the socket sent or
  * received; a GSO skb counts as one packet. */
 struct flow_val {
-	u64 first_ns; /* CLOCK_MONOTONIC */
+	u64 first_ns; /* CLOCK_MONOTONIC_COARSE (jiffy resolution) */
 	u64 last_ns;
 	u64 bytes[2];
 	u64 pkts[2];
