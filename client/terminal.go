@@ -69,10 +69,6 @@ type terminalMessage struct {
 	ID      string           `json:"id,omitempty"`
 	Session *TerminalSession `json:"session,omitempty"`
 	Code    *int             `json:"code,omitempty"`
-	Error   *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error,omitempty"`
 }
 
 // Terminal opens WS /jails/{ref}/terminal. ctx bounds the opening only.
@@ -176,8 +172,7 @@ func (t *Terminal) Read(p []byte) (int, error) {
 		if json.Unmarshal(data, &m) != nil {
 			continue
 		}
-		switch m.Type {
-		case "exit":
+		if m.Type == "exit" {
 			ex := TerminalExit{Signal: m.Signal}
 			if m.Code != nil {
 				ex.Code = *m.Code
@@ -185,13 +180,9 @@ func (t *Terminal) Read(p []byte) (int, error) {
 			t.mu.Lock()
 			t.exit = &ex
 			t.mu.Unlock()
-		case "error":
-			if m.Error != nil {
-				t.mu.Lock()
-				t.err = &APIError{Status: statusOfCode(m.Error.Code), Code: m.Error.Code, Message: m.Error.Message}
-				t.mu.Unlock()
-			}
 		}
+		// Other control messages (a refused resize or signal) carry
+		// nothing a reader of the output needs.
 	}
 }
 
@@ -241,8 +232,8 @@ func (t *Terminal) control(ctx context.Context, m terminalMessage) error {
 	return t.conn.Write(ctx, websocket.MessageText, b)
 }
 
-// Resize sets the window size. A refusal (a read-only terminal) is
-// reported by the next Read.
+// Resize sets the window size. The daemon refuses it on a read-only
+// terminal (with a control message that Read skips).
 func (t *Terminal) Resize(ctx context.Context, rows, cols int) error {
 	return t.control(ctx, terminalMessage{Type: "resize", Rows: rows, Cols: cols})
 }

@@ -24,13 +24,18 @@ const rmTimeout = time.Minute
 func newExecCmd(g *globals) *cobra.Command {
 	var ef execFlags
 	var env []string
+	var tty bool
 	cmd := &cobra.Command{
 		Use:   "exec [flags] JAIL [--] CMD [ARG...]",
 		Short: "Run a command in a running jail, streaming its output",
 		Long: `Run a command in a running jail. Its stdout and stderr are written here as
 they happen; agentjail exits with the command's status (128+N when killed by
 signal N, 124 when --timeout expired). With -i, this process's stdin is read
-to its end and then given to the command.`,
+to its end and then given to the command.
+
+With -t, the command runs on a terminal in the jail (a terminal session,
+recorded): this terminal is put in raw mode and connected to it, window size
+changes follow. ` + detachHelp,
 		Args: usageArgs(cobra.MinimumNArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ref, argv := args[0], args[1:]
@@ -43,6 +48,16 @@ to its end and then given to the command.`,
 			envMap, err := parseEnv("--env", env)
 			if err != nil {
 				return usageError{err}
+			}
+			if tty {
+				if ef.timeout != 0 {
+					return usageError{errors.New("exec: --timeout does not apply to -t")}
+				}
+				c, err := g.client()
+				if err != nil {
+					return err
+				}
+				return runTerminal(cmd, c, ref, client.TerminalOptions{Cmd: argv, Env: envMap, User: ef.user, Cwd: ef.cwd})
 			}
 			req, err := ef.request(argv, envMap, cmd.InOrStdin())
 			if err != nil {
@@ -59,6 +74,7 @@ to its end and then given to the command.`,
 	cmd.Flags().SetInterspersed(false)
 	ef.register(cmd.Flags())
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE added to the command's environment (repeatable)")
+	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run the command on a terminal, attached to this one")
 	return cmd
 }
 

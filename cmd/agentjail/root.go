@@ -62,6 +62,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 		newStopCmd(g), newRmCmd(g), newExecCmd(g), newCpCmd(g), newRunCmd(g),
 		newTeardownCmd(g), newVersionCmd(g),
 		newEventsCmd(g), newReportCmd(g), newPsCmd(g), newChangesCmd(g), newNetworkCmd(g),
+		newAttachCmd(g), newTerminalsCmd(g), newRecordingsCmd(g), newReplayCmd(g),
 	)
 	return root
 }

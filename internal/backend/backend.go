@@ -46,7 +46,7 @@ type Instance struct {
 	// and cgroup exist and before its init executes anything (so that
 	// observation covers the jail from its first instruction). An error
 	// aborts the start.
-	OnCreated func(cgroupPath string) error
+	OnCreated func(st Status) error
 }
 
 // Status is what a backend knows of a jail's processes.
@@ -57,6 +57,9 @@ type Status struct {
 	Pid int
 	// CgroupPath is the jail's cgroup (as given to the runtime).
 	CgroupPath string
+	// NetInterface is the host side of the jail's network link ("" when
+	// it has none: mode none or host).
+	NetInterface string
 }
 
 // Stats is a jail's live resource usage.
@@ -98,8 +101,9 @@ type Backend interface {
 	// after a daemon restart).
 	Status(ctx context.Context, inst Instance) (Status, error)
 	// Reattach re-establishes the daemon-side services of a jail found
-	// running after a daemon restart (its network attachment).
-	Reattach(ctx context.Context, inst Instance) error
+	// running after a daemon restart (its network attachment) and returns
+	// the host side of its network link ("" when it has none).
+	Reattach(ctx context.Context, inst Instance) (string, error)
 	// UpdateNetwork applies inst.Config's network policy to the running
 	// jail; new connections obey it at once.
 	UpdateNetwork(ctx context.Context, inst Instance) error

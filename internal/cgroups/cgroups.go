@@ -137,9 +137,9 @@ func dirOf(ctrl, path string) (string, bool) {
 	return "", false
 }
 
-// unifiedDir returns the directory of path in the unified hierarchy ("" if
-// the host has none).
-func unifiedDir(path string) string {
+// UnifiedDir returns the directory of path in the unified hierarchy ("" if
+// the host has none): where cgroup-attached eBPF programs go.
+func UnifiedDir(path string) string {
 	hs, _ := layout()
 	for _, h := range hs {
 		if h.unified {
@@ -207,7 +207,7 @@ func Read(path string) (Stats, error) {
 		if err := readUint(dir, "cpuacct.usage", &s.CPUTimeNs); err != nil {
 			return Stats{}, err
 		}
-	} else if dir := unifiedDir(path); dir != "" && exists(dir) && Mode() == "v2" {
+	} else if dir := UnifiedDir(path); dir != "" && exists(dir) && Mode() == "v2" {
 		// cpu.stat is a core file of every v2 cgroup.
 		found = true
 		var usec uint64
@@ -301,7 +301,7 @@ func ID(path string) (uint64, error) {
 	if err := checkPath(path); err != nil {
 		return 0, err
 	}
-	dir := unifiedDir(path)
+	dir := UnifiedDir(path)
 	if dir == "" {
 		return 0, errdefs.NotImplementedf("cgroup id of %s: the host has no cgroup v2 hierarchy", path)
 	}

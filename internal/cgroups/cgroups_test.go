@@ -87,7 +87,7 @@ func testCgroup(t *testing.T, path string) []string {
 		d, _ := dirOf(c, path)
 		add(d)
 	}
-	add(unifiedDir(path))
+	add(UnifiedDir(path))
 	t.Cleanup(func() {
 		for _, d := range made {
 			unix.Rmdir(d)
@@ -194,7 +194,7 @@ func TestReadLimitsAndOOM(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(unifiedDir(path), &st); err != nil || st.Ino != id {
+	if err := unix.Stat(UnifiedDir(path), &st); err != nil || st.Ino != id {
 		t.Fatalf("ID %d, inode %d (%v)", id, st.Ino, err)
 	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", cmd.Process.Pid)); err != nil || !strings.Contains(string(b), "0::"+path+"\n") {

@@ -36,6 +36,9 @@ type Tracing struct {
 	Include []string `json:"include,omitempty"`
 	// Exclude drops these syscall names from the record.
 	Exclude []string `json:"exclude,omitempty"`
+	// Pcap captures the jail's traffic on its host-side interface to
+	// events/capture.pcap (readable by tshark and Wireshark).
+	Pcap bool `json:"pcap,omitempty"`
 }
 
 // Isolation levels.

@@ -17,6 +17,7 @@ const (
 	MinDisk          = 64 * MiB
 	MinMemory        = 16 * MiB
 	DefaultPids      = 128
+	MinPids          = 32
 	MaxPids          = 4096
 	DefaultCPUPeriod = 100000
 	DefaultNofile    = 1024

@@ -138,6 +138,7 @@ func NewServer(opts Options) (*Server, error) {
 		stderr:    os.Stderr.Fd(),
 		devnull:   devnull,
 		lingering: make(map[*shimProc]struct{}),
+		maxIdle:   opts.Config.IdleShims,
 	}
 	return s, nil
 }

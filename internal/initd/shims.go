@@ -94,6 +94,9 @@ type shimPool struct {
 	stderr  uintptr
 	devnull int
 
+	// maxIdle bounds the idle pool (InitConfig.IdleShims).
+	maxIdle int
+
 	mu        sync.Mutex
 	idle      []*shimProc
 	spawning  bool
@@ -104,9 +107,6 @@ type shimPool struct {
 // maxShimMsg bounds a control message to a shim (a command's argv and
 // environment).
 const maxShimMsg = 1 << 20
-
-// maxIdleShims bounds the idle pool.
-const maxIdleShims = 2
 
 // get returns an idle shim, starting one when none is ready, and refills
 // the pool in the background.
@@ -125,7 +125,7 @@ func (sp *shimPool) get() (*shimProc, error) {
 			sh = nil
 		}
 	}
-	refill := len(sp.idle) == 0 && !sp.spawning
+	refill := sp.maxIdle > 0 && len(sp.idle) == 0 && !sp.spawning
 	if refill {
 		sp.spawning = true
 	}
@@ -156,7 +156,7 @@ func (sp *shimPool) refill() {
 // full or closed).
 func (sp *shimPool) put(sh *shimProc) {
 	sp.mu.Lock()
-	if sp.closed || len(sp.idle) >= maxIdleShims || sh.exited() {
+	if sp.closed || len(sp.idle) >= sp.maxIdle || sh.exited() {
 		sp.mu.Unlock()
 		sh.ctrl.Close() // the idle shim exits on EOF
 		return

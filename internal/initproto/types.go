@@ -24,6 +24,9 @@ type InitConfig struct {
 	// BlockedPaths are jail paths the file operations refuse: a path is
 	// blocked when its fully resolved form equals one of them or is under one.
 	BlockedPaths []string `json:"blocked_paths,omitempty"`
+	// IdleShims is how many started shims init keeps ready for the next
+	// commands (each costs a few tasks of the jail's pids limit; 0: none).
+	IdleShims int `json:"idle_shims,omitempty"`
 }
 
 // ExecRequest starts a command (MsgExec).

@@ -73,10 +73,13 @@ type Manager struct {
 	net     *netpolicy.Manager
 	watcher *procwait.Watcher
 	// tracer is the kernel side of observation, shared by all jails; nil
-	// when it cannot load here (tracerErr says why).
-	tracer    *bpf.Tracer
-	tracerErr error
-	host      config.Host
+	// when it cannot load here (tracerErr says why). netTracer accounts
+	// network flows and DNS likewise.
+	tracer       *bpf.Tracer
+	tracerErr    error
+	netTracer    *bpf.NetTracer
+	netTracerErr error
+	host         config.Host
 
 	mu    sync.Mutex
 	jails map[string]*entry // by id
@@ -190,6 +193,10 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		m.tracerErr = fmt.Errorf("kernel-side observation is unavailable: %w", err)
 		m.log.Warn("jails will run unobserved", "err", err)
 	}
+	if m.netTracer, err = bpf.OpenNet(bpf.NetConfig{}); err != nil {
+		m.netTracerErr = fmt.Errorf("network flow accounting is unavailable: %w", err)
+		m.log.Warn("jails' network flows will not be accounted", "err", err)
+	}
 	m.watcher, err = procwait.NewWatcher()
 	if err != nil {
 		m.pool.Close()
@@ -219,6 +226,9 @@ func (m *Manager) Close() error {
 	var errs []error
 	if m.tracer != nil {
 		errs = append(errs, m.tracer.Close())
+	}
+	if m.netTracer != nil {
+		errs = append(errs, m.netTracer.Close())
 	}
 	return errors.Join(append(errs, m.net.Close(), m.pool.Close())...)
 }
@@ -459,7 +469,7 @@ func (m *Manager) start(ctx context.Context, e *entry) error {
 	}
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStarting; j.Error = "" })
 	inst := m.instance(e)
-	inst.OnCreated = func(cgroupPath string) error { return m.observeStart(e, cgroupPath) }
+	inst.OnCreated = func(st backend.Status) error { return m.observeStart(e, st) }
 	st, err := m.backend.Start(ctx, inst)
 	if err != nil {
 		m.observeStop(e)
@@ -630,10 +640,12 @@ func (m *Manager) recover(ctx context.Context) error {
 			if err == nil && st.Running && e.rec.Status == model.StateRunning {
 				e.rec.Pid = st.Pid
 				m.log.Info("re-adopted running jail", "jail", e.rec.ID, "pid", st.Pid)
-				if err := m.backend.Reattach(ctx, m.instance(e)); err != nil {
+				iface, err := m.backend.Reattach(ctx, m.instance(e))
+				if err != nil {
 					m.log.Error("re-attaching jail network", "jail", e.rec.ID, "err", err)
 				}
-				if err := m.observeStart(e, st.CgroupPath); err != nil {
+				st.NetInterface = iface
+				if err := m.observeStart(e, st); err != nil {
 					m.log.Error("re-watching jail", "jail", e.rec.ID, "err", err)
 				}
 				m.watch(e, st.Pid)

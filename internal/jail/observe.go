@@ -20,6 +20,7 @@ import (
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/observe"
 	"github.com/agentjail/agentjail/internal/observe/bpf"
+	"github.com/agentjail/agentjail/internal/observe/netcap"
 )
 
 // busCapacity is how many recent events a jail's live stream keeps for
@@ -36,7 +37,11 @@ type observation struct {
 	agg      *aggregate
 	cgroupID uint64
 	watching bool
-	since    time.Time
+	// netCgroup is the cgroup directory the network tracer watches.
+	netCgroup string
+	// capture writes the jail's packets to a pcap file, when asked.
+	capture *netcap.Capture
+	since   time.Time
 	// reason says why the kernel side does not watch the jail (empty when
 	// it does).
 	reason string
@@ -57,42 +62,99 @@ func (o *observation) Idle() {
 }
 
 // observeStart opens the jail's record and, unless tracing is off or the
-// tracer is unavailable, watches its cgroup. It runs after the jail's
-// processes exist and before its init executes anything.
-func (m *Manager) observeStart(e *entry, cgroupPath string) error {
+// tracers are unavailable, watches its cgroup (syscalls, processes, files,
+// network flows and DNS) and captures its packets when asked. It runs
+// after the jail's processes exist and before its init executes anything.
+func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 	j := e.snapshot()
-	w, err := observe.OpenWriter(filepath.Join(e.dir, "events"), observe.WriterOptions{})
+	dir := filepath.Join(e.dir, "events")
+	w, err := observe.OpenWriter(dir, observe.WriterOptions{})
 	if err != nil {
 		return fmt.Errorf("event files: %w", err)
 	}
 	o := &observation{bus: observe.NewBus(busCapacity), agg: newAggregate(), since: time.Now().UTC()}
 	o.rec = observe.NewRecorder(w, o.bus)
 	o.rec.Observe = o.agg.add
+	defer func() {
+		if err != nil {
+			m.stopObservation(e.rec.ID, o)
+		}
+	}()
 	tr := j.Config.Tracing
+	var reasons []string
 	switch {
 	case tr.Mode == config.TraceOff:
-		o.reason = "tracing is off for this jail"
+		reasons = append(reasons, "tracing is off for this jail")
 	case m.tracer == nil:
-		o.reason = m.tracerErr.Error()
+		reasons = append(reasons, m.tracerErr.Error())
 	default:
-		id, err := cgroups.ID(cgroupPath)
+		id, err := cgroups.ID(st.CgroupPath)
 		if err != nil {
-			o.rec.Close()
 			return fmt.Errorf("observation: %w", err)
 		}
 		err = m.tracer.Watch(id, observe.JailKey(j.ID), bpf.Options{
 			Mode: bpf.Mode(tr.Mode), Include: tr.Include, Exclude: tr.Exclude, Sink: o,
 		})
 		if err != nil {
-			o.rec.Close()
 			return fmt.Errorf("observation: %w", err)
 		}
 		o.cgroupID, o.watching = id, true
 	}
+	switch {
+	case tr.Mode == config.TraceOff:
+	case m.netTracer == nil:
+		reasons = append(reasons, m.netTracerErr.Error())
+	default:
+		o.netCgroup = cgroups.UnifiedDir(st.CgroupPath)
+		if err := m.netTracer.WatchNet(o.netCgroup, observe.JailKey(j.ID), o); err != nil {
+			o.netCgroup = ""
+			return fmt.Errorf("network observation: %w", err)
+		}
+	}
+	if tr.Pcap && tr.Mode != config.TraceOff {
+		if st.NetInterface == "" {
+			reasons = append(reasons, "no packet capture: the jail has no network link (mode none or host)")
+		} else {
+			name := fmt.Sprintf("capture-%s.pcap", time.Now().UTC().Format("20060102T150405"))
+			if o.capture, err = netcap.StartCapture(st.NetInterface, filepath.Join(dir, name)); err != nil {
+				return fmt.Errorf("packet capture: %w", err)
+			}
+		}
+	}
+	o.reason = strings.Join(reasons, "; ")
 	e.mu.Lock()
 	e.obs = o
 	e.mu.Unlock()
 	return nil
+}
+
+// stopObservation ends what observeStart started for o. The network
+// tracer's unwatch must not run under o.mu (it delivers to o).
+func (m *Manager) stopObservation(jailID string, o *observation) {
+	if o.watching {
+		if err := m.tracer.Unwatch(o.cgroupID); err != nil {
+			m.log.Error("unwatching jail", "jail", jailID, "err", err)
+		}
+		o.watching = false
+	}
+	if o.netCgroup != "" {
+		if err := m.netTracer.UnwatchNet(o.netCgroup); err != nil {
+			m.log.Error("unwatching jail network", "jail", jailID, "err", err)
+		}
+		o.netCgroup = ""
+	}
+	if o.capture != nil {
+		if _, dropped, err := o.capture.Stop(); err != nil || dropped > 0 {
+			m.log.Warn("packet capture ended", "jail", jailID, "dropped", dropped, "err", err)
+		}
+		o.capture = nil
+	}
+	o.mu.Lock()
+	err := o.rec.Close()
+	o.mu.Unlock()
+	if err != nil {
+		m.log.Error("closing the jail's event files", "jail", jailID, "err", err)
+	}
 }
 
 // observeStop ends the current record: the kernel side stops, buffered
@@ -101,20 +163,8 @@ func (m *Manager) observeStop(e *entry) {
 	e.mu.Lock()
 	o := e.obs
 	e.mu.Unlock()
-	if o == nil {
-		return
-	}
-	if o.watching {
-		if err := m.tracer.Unwatch(o.cgroupID); err != nil {
-			m.log.Error("unwatching jail", "jail", e.rec.ID, "err", err)
-		}
-		o.watching = false
-	}
-	o.mu.Lock()
-	err := o.rec.Close()
-	o.mu.Unlock()
-	if err != nil {
-		m.log.Error("closing the jail's event files", "jail", e.rec.ID, "err", err)
+	if o != nil {
+		m.stopObservation(e.rec.ID, o)
 	}
 }
 
@@ -214,6 +264,11 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 			r.Lost[observe.LostKernel] = n
 		}
 	}
+	if o.netCgroup != "" {
+		if n, err := m.netTracer.Lost(o.netCgroup); err == nil {
+			r.Lost["network"] = n
+		}
+	}
 	if d, err := m.FsDiff(ctx, ref); err == nil {
 		r.FsDiff = d
 	}
@@ -307,8 +362,11 @@ func (a *aggregate) addNet(ev *observe.Event) {
 	dest := ev.Host
 	if dest == "" {
 		dest = ev.Dst
+		if ev.Dir == netcap.DirIngress {
+			dest = ev.Src
+		}
 	}
-	if dest == "" {
+	if dest == "" || ev.Op == netcap.OpDNSQuery || ev.Op == netcap.OpDNSAnswer {
 		return
 	}
 	n := a.net[dest]
@@ -319,9 +377,15 @@ func (a *aggregate) addNet(ev *observe.Event) {
 		n = &model.NetStat{Destination: dest}
 		a.net[dest] = n
 	}
+	switch ev.Op {
+	case netcap.OpDNSQuery, netcap.OpDNSAnswer:
+		return
+	case netcap.OpUpdate:
+	case "", netcap.OpClose, netcap.OpIdle, netcap.OpEnd:
+		n.Connections++
+	}
 	n.BytesOut += ev.Bytes
 	n.BytesIn += ev.BytesIn
-	n.Connections++
 	switch ev.Verdict {
 	case "allow":
 		n.Allowed++

@@ -46,6 +46,9 @@ type Jail struct {
 	Pid int `json:"pid,omitempty"`
 	// Stats is live usage read from the jail's cgroup (GET /jails/{id} only).
 	Stats *Stats `json:"stats,omitempty"`
+	// Parent is the snapshot the jail was restored or branched from (nil
+	// for a jail made by create).
+	Parent *Lineage `json:"parent,omitempty"`
 }
 
 // Stats is a jail's live resource usage.

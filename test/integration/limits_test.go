@@ -145,14 +145,15 @@ func TestLimitPids(t *testing.T) {
 }
 
 // TestLimitSmallPids runs commands in a jail with a small pids_limit: the
-// limit is the user's, and a pipeline fits in 16 tasks.
+// limit is the whole jail's (init and its shims included), and a pipeline
+// fits in the smallest limit allowed.
 func TestLimitSmallPids(t *testing.T) {
 	d := shared(t)
-	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"pids_limit": 16}}})
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"pids_limit": 32}}})
 	for range 3 {
 		res := d.exec(t, j.ID, execReq{Cmd: []string{"sh", "-c", "echo a | cat | cat"}})
 		if res.Stdout != "a\n" {
-			t.Fatalf("a pipeline of 3 in a jail with pids_limit 16: %s", &res)
+			t.Fatalf("a pipeline of 3 in a jail with pids_limit 32: %s", &res)
 		}
 	}
 }

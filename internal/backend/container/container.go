@@ -263,6 +263,15 @@ func lookupUser(lower, user string) (uid, gid int, ok bool) {
 	return 1000, 1000, false
 }
 
+// idleShims sizes init's pool of ready shims: each holds a few tasks of the
+// jail's pids limit, so small limits get none.
+func idleShims(pidsLimit int64) int {
+	if pidsLimit >= 96 {
+		return 2
+	}
+	return 0
+}
+
 func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string]string) error {
 	if err := os.MkdirAll(p.control, 0o700); err != nil {
 		return fmt.Errorf("control dir: %w", err)
@@ -297,6 +306,7 @@ func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string
 		Workspace:    cfg.Isolation.Filesystem.WorkspaceRoot,
 		Env:          env,
 		BlockedPaths: cfg.Isolation.Filesystem.BlockedPaths,
+		IdleShims:    idleShims(cfg.Isolation.Resources.PidsLimit),
 	}
 	data, err := json.MarshalIndent(ic, "", "  ")
 	if err != nil {
@@ -406,7 +416,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	}
 	tCreate := time.Now()
 	if inst.OnCreated != nil {
-		if err := inst.OnCreated(p.cgroup); err != nil {
+		if err := inst.OnCreated(backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface}); err != nil {
 			if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
 				b.opts.Log.Error("removing a container whose start was aborted", "jail", inst.ID, "err", kerr)
 			}
@@ -419,7 +429,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	ok = true
 	b.opts.Log.Debug("started jail", "jail", inst.ID, "ensure", tEnsure.Sub(t0), "network", tAttach.Sub(tEnsure),
 		"bundle", tBundle.Sub(tAttach), "runtime_create", tCreate.Sub(tBundle), "start", time.Since(tCreate), "total", time.Since(t0))
-	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup}, nil
+	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface}, nil
 }
 
 // attach connects the jail's network namespace to the daemon's policed
@@ -459,9 +469,9 @@ func (b *Backend) detach(ctx context.Context, inst backend.Instance) {
 }
 
 // Reattach implements backend.Backend.
-func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) error {
-	_, err := b.attach(ctx, inst, b.paths(inst))
-	return err
+func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) (string, error) {
+	att, err := b.attach(ctx, inst, b.paths(inst))
+	return att.Interface, err
 }
 
 // UpdateNetwork implements backend.Backend.

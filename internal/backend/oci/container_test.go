@@ -127,7 +127,7 @@ func TestIsolation(t *testing.T) {
 			t.Errorf("memory.memsw.limit_in_bytes = %s, want equal to the memory limit (no swap)", got)
 		}
 	}
-	if got := cg("pids", "pids.max"); got != strconv.Itoa(64+PidsReserve) {
+	if got := cg("pids", "pids.max"); got != "64" {
 		t.Errorf("pids.max = %s", got)
 	}
 	if got := cg("cpu", "cpu.shares"); got != strconv.Itoa(config.DefaultCPUShares) {

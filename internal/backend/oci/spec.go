@@ -48,10 +48,6 @@ const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 // Commands do not inherit it: init builds their environment itself.
 var initEnv = []string{DefaultPath, "GOMAXPROCS=1", "GOGC=50"}
 
-// PidsReserve is added to the jail's pids_limit for agentjail's own tasks
-// in the jail (init and its per-command shims and their threads), so the
-// jail's processes get the whole limit they asked for.
-const PidsReserve = 32
 
 // OOMScoreAdj is the oom_score_adj of every jail process: positive, so that
 // on host-wide memory pressure the kernel picks jail processes before the
@@ -397,7 +393,7 @@ func (o *SpecOptions) resources() (*specs.LinuxResources, error) {
 		quota := r.CPUQuota
 		cpu.Quota = &quota
 	}
-	pids := r.PidsLimit + PidsReserve
+	pids := r.PidsLimit
 
 	devs := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
 	for _, d := range allowedDevices {

@@ -129,7 +129,7 @@ func TestSpecDefaults(t *testing.T) {
 	if *r.CPU.Shares != config.DefaultCPUShares || *r.CPU.Period != config.DefaultCPUPeriod || r.CPU.Quota != nil {
 		t.Errorf("cpu = %+v", r.CPU)
 	}
-	if *r.Pids.Limit != config.DefaultPids+PidsReserve {
+	if *r.Pids.Limit != config.DefaultPids {
 		t.Errorf("pids = %d", *r.Pids.Limit)
 	}
 	if d := r.Devices[0]; d.Allow || d.Access != "rwm" || d.Type != "" {

@@ -1,0 +1,533 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// The terminal contract, spelled out (not imported) as the other wire
+// types of this suite.
+
+type termMessage struct {
+	Type    string    `json:"type"`
+	Rows    int       `json:"rows,omitempty"`
+	Cols    int       `json:"cols,omitempty"`
+	Signal  string    `json:"signal,omitempty"`
+	ID      string    `json:"id,omitempty"`
+	Session *termInfo `json:"session,omitempty"`
+	Code    *int      `json:"code,omitempty"`
+}
+
+type termInfo struct {
+	ID          string `json:"id"`
+	Pid         int    `json:"pid"`
+	Attached    int    `json:"attached"`
+	Rows        int    `json:"rows"`
+	Cols        int    `json:"cols"`
+	RecordingID string `json:"recording_id"`
+}
+
+type recordingInfo struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// wsTerm is a WebSocket terminal client that collects output.
+type wsTerm struct {
+	conn    *websocket.Conn
+	session termInfo
+
+	mu      sync.Mutex
+	out     bytes.Buffer
+	exit    *int
+	closeSt websocket.StatusCode
+	done    chan struct{}
+	// arrivals, when set, receives the time each output chunk arrived.
+	arrivals chan time.Time
+}
+
+// dialTerm opens WS /jails/{id}/terminal with query q (the token goes as
+// a query parameter unless q has a ticket).
+func dialTerm(tb testing.TB, d *daemon, id string, q url.Values) *wsTerm {
+	tb.Helper()
+	t, err := tryDialTerm(d, id, q)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { t.conn.CloseNow() })
+	return t
+}
+
+func tryDialTerm(d *daemon, id string, q url.Values) (*wsTerm, error) {
+	if q.Get("ticket") == "" {
+		q.Set("token", d.token)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, "ws://"+d.addr+"/jails/"+id+"/terminal?"+q.Encode(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("dial terminal: %w", err)
+	}
+	conn.SetReadLimit(64 << 20)
+	typ, data, err := conn.Read(ctx)
+	var m termMessage
+	if err != nil || typ != websocket.MessageText || json.Unmarshal(data, &m) != nil || m.Type != "session" || m.Session == nil || m.ID != m.Session.ID {
+		conn.CloseNow()
+		return nil, fmt.Errorf("first message: %q %v", data, err)
+	}
+	return &wsTerm{conn: conn, session: *m.Session, done: make(chan struct{})}, nil
+}
+
+// start reads in the background until the connection closes.
+func (w *wsTerm) start() *wsTerm {
+	go func() {
+		defer close(w.done)
+		for {
+			typ, data, err := w.conn.Read(context.Background())
+			if err != nil {
+				w.mu.Lock()
+				w.closeSt = websocket.CloseStatus(err)
+				w.mu.Unlock()
+				return
+			}
+			if typ == websocket.MessageBinary {
+				w.mu.Lock()
+				w.out.Write(data)
+				w.mu.Unlock()
+				if w.arrivals != nil {
+					w.arrivals <- time.Now()
+				}
+				continue
+			}
+			var m termMessage
+			if json.Unmarshal(data, &m) == nil && m.Type == "exit" {
+				w.mu.Lock()
+				w.exit = m.Code
+				w.mu.Unlock()
+			}
+		}
+	}()
+	return w
+}
+
+func (w *wsTerm) text() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.out.String()
+}
+
+func (w *wsTerm) send(tb testing.TB, s string) {
+	tb.Helper()
+	if err := w.conn.Write(context.Background(), websocket.MessageBinary, []byte(s)); err != nil {
+		tb.Fatalf("typing %q: %v", s, err)
+	}
+}
+
+func (w *wsTerm) control(tb testing.TB, m termMessage) {
+	tb.Helper()
+	b, _ := json.Marshal(m)
+	if err := w.conn.Write(context.Background(), websocket.MessageText, b); err != nil {
+		tb.Fatalf("control %s: %v", b, err)
+	}
+}
+
+// waitText waits until the output contains s.
+func (w *wsTerm) waitText(tb testing.TB, s string) {
+	tb.Helper()
+	if err := waitFor(30*time.Second, func() error {
+		if strings.Contains(w.text(), s) {
+			return nil
+		}
+		return fmt.Errorf("no %q in the output yet", s)
+	}); err != nil {
+		tail := w.text()
+		if len(tail) > 600 {
+			tail = tail[len(tail)-600:]
+		}
+		tb.Fatalf("%v; output ends %q", err, tail)
+	}
+}
+
+// waitExit waits for the exit message and the close, returning the code
+// and the close status.
+func (w *wsTerm) waitExit(tb testing.TB) (int, websocket.StatusCode) {
+	tb.Helper()
+	select {
+	case <-w.done:
+	case <-time.After(2 * time.Minute):
+		tb.Fatalf("the terminal did not end; output %q", w.text())
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exit == nil {
+		tb.Fatalf("no exit message (close status %d); output %q", w.closeSt, w.out.String())
+	}
+	return *w.exit, w.closeSt
+}
+
+// jailHas waits until a process named comm runs in the jail.
+func jailHas(tb testing.TB, d *daemon, id, comm string) {
+	tb.Helper()
+	if err := waitFor(30*time.Second, func() error {
+		res := d.shAs(tb, id, "root", "pgrep -x "+comm)
+		if res.ExitCode == 0 {
+			return nil
+		}
+		return fmt.Errorf("no %s process in jail %s", comm, id)
+	}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func TestTerminalWebSocket(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+
+	// python3 -i: type an expression, read its result.
+	py := dialTerm(t, d, j.ID, url.Values{"cmd": {"python3", "-i"}}).start()
+	py.waitText(t, ">>> ")
+	py.send(t, "6*7\r")
+	py.waitText(t, "42")
+	py.send(t, "raise SystemExit(4)\r")
+	if code, st := py.waitExit(t); code != 4 || st != 4004 {
+		t.Fatalf("python exit: code %d close status %d", code, st)
+	}
+
+	// The default command is the user's login shell.
+	sh := dialTerm(t, d, j.ID, url.Values{"rows": {"24"}, "cols": {"80"}}).start()
+	sh.send(t, "stty size; echo TERM=$TERM\r")
+	sh.waitText(t, "24 80")
+	sh.waitText(t, "TERM=xterm-256color")
+	sh.control(t, termMessage{Type: "resize", Rows: 40, Cols: 120})
+	sh.send(t, "stty size\r")
+	sh.waitText(t, "40 120")
+
+	// Ctrl-C interrupts the foreground job, not the shell.
+	sh.send(t, "sleep 100\r")
+	jailHas(t, d, j.ID, "sleep")
+	sh.send(t, "\x03")
+	sh.send(t, "echo rc=$?\r")
+	sh.waitText(t, "rc=130")
+
+	// Detach, list, reattach: the history comes first.
+	id := sh.session.ID
+	sh.conn.Close(websocket.StatusNormalClosure, "detach")
+	var list struct {
+		Terminals []termInfo `json:"terminals"`
+	}
+	if err := waitFor(10*time.Second, func() error {
+		d.api.want(t, http.StatusOK, "GET", "/jails/"+j.ID+"/terminals", nil, &list)
+		if len(list.Terminals) == 1 && list.Terminals[0].ID == id && list.Terminals[0].Attached == 0 {
+			return nil
+		}
+		return fmt.Errorf("terminals: %+v", list.Terminals)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A ticket works once.
+	var tk struct {
+		Ticket string `json:"ticket"`
+	}
+	d.api.want(t, http.StatusCreated, "POST", "/jails/"+j.ID+"/terminal/ticket", nil, &tk)
+	re := dialTerm(t, d, j.ID, url.Values{"session": {id}, "ticket": {tk.Ticket}}).start()
+	re.waitText(t, "40 120")
+	if _, err := tryDialTerm(d, j.ID, url.Values{"session": {id}, "ticket": {tk.Ticket}}); err == nil {
+		t.Fatal("a ticket was accepted twice")
+	}
+	// A second, read-only client sees the same output and cannot type.
+	ro := dialTerm(t, d, j.ID, url.Values{"session": {id}, "readonly": {"true"}}).start()
+	ro.send(t, "echo typed-by-readonly\r")
+	re.send(t, "echo both-$((40+2))\r")
+	ro.waitText(t, "both-42")
+	re.waitText(t, "both-42")
+	if strings.Contains(re.text(), "typed-by-readonly") {
+		t.Fatal("a read-only client could type")
+	}
+	re.send(t, "exit 3\r")
+	if code, st := re.waitExit(t); code != 3 || st != 4003 {
+		t.Fatalf("shell exit: code %d close status %d", code, st)
+	}
+	if code, _ := ro.waitExit(t); code != 3 {
+		t.Fatalf("read-only client: exit %d", code)
+	}
+	// The token given in the query is never logged.
+	if b, err := os.ReadFile(d.logPath); err != nil || bytes.Contains(b, []byte(d.token)) {
+		t.Fatalf("the daemon's log holds the token (or cannot be read: %v)", err)
+	}
+}
+
+// TestTerminalSlowClient: a client that stops reading blocks neither the
+// session nor the other clients.
+func TestTerminalSlowClient(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	fast := dialTerm(t, d, j.ID, url.Values{"cmd": {"sh", "-c", `read x; head -c 50000000 /dev/zero | tr '\0' x; echo; echo END`}}).start()
+	stalled := dialTerm(t, d, j.ID, url.Values{"session": {fast.session.ID}}) // never read
+	defer stalled.conn.CloseNow()
+	start := time.Now()
+	fast.send(t, "go\r")
+	if code, _ := fast.waitExit(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if n := strings.Count(fast.text(), "x"); n < 50000000 || !strings.Contains(fast.text(), "END") {
+		t.Fatalf("the reading client got %d of 50000000 bytes", n)
+	}
+	t.Logf("50 MB to the reading client in %v while another client stalled", time.Since(start))
+}
+
+// tmux drives programs under a real terminal on a private tmux server.
+type tmux struct {
+	tb     testing.TB
+	socket string
+	name   string
+}
+
+func newTmux(tb testing.TB, cols, rows int, env []string, command string) *tmux {
+	tb.Helper()
+	if _, err := exec.LookPath("tmux"); err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatal("tmux is required")
+		}
+		tb.Skip("tmux is not installed")
+	}
+	tm := &tmux{tb: tb, socket: fmt.Sprintf("agentjail-it-%d", os.Getpid()), name: fmt.Sprintf("t%d", nameSeq.Add(1))}
+	args := []string{"new-session", "-d", "-s", tm.name, "-x", fmt.Sprint(cols), "-y", fmt.Sprint(rows)}
+	for _, e := range env {
+		args = append(args, "-e", e)
+	}
+	tm.run(append(args, command)...)
+	tm.run("set-option", "-t", tm.name, "remain-on-exit", "on")
+	tb.Cleanup(func() { _ = exec.Command("tmux", "-L", tm.socket, "kill-session", "-t", tm.name).Run() })
+	return tm
+}
+
+func (tm *tmux) run(args ...string) string {
+	tm.tb.Helper()
+	out, err := exec.Command("tmux", append([]string{"-L", tm.socket}, args...)...).CombinedOutput()
+	if err != nil {
+		tm.tb.Fatalf("tmux %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (tm *tmux) keys(keys ...string) {
+	tm.run(append([]string{"send-keys", "-t", tm.name}, keys...)...)
+}
+
+// literal types s as is.
+func (tm *tmux) literal(s string) { tm.run("send-keys", "-t", tm.name, "-l", s) }
+
+func (tm *tmux) screen() string { return tm.run("capture-pane", "-p", "-t", tm.name) }
+
+func (tm *tmux) waitScreen(s string) {
+	tm.tb.Helper()
+	if err := waitFor(30*time.Second, func() error {
+		if strings.Contains(tm.screen(), s) {
+			return nil
+		}
+		return fmt.Errorf("no %q on the screen", s)
+	}); err != nil {
+		tm.tb.Fatalf("%v:\n%s", err, tm.screen())
+	}
+}
+
+// TestTerminalCLI drives `agentjail exec -t` and `agentjail attach` under
+// tmux, then replays the recording and compares the screens.
+func TestTerminalCLI(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, map[string]any{"recording": map[string]any{"input": true}})
+	env := []string{"AGENTJAIL_ADDR=" + d.addr, "AGENTJAIL_TOKEN=" + d.token}
+	live := newTmux(t, 90, 25, env, binPath+" exec -t "+j.ID+" -- python3 -i; echo CLI-EXIT=$?")
+	live.waitScreen(">>> ")
+	live.literal("6*7")
+	live.keys("Enter")
+	live.waitScreen("42")
+	live.keys("C-p", "C-q")
+	live.waitScreen("detached from session")
+	live.waitScreen("CLI-EXIT=0")
+
+	att := newTmux(t, 90, 25, env, binPath+" attach "+j.ID+"; echo CLI-EXIT=$?")
+	att.waitScreen("42") // the history
+	att.literal("print('x' * 3)")
+	att.keys("Enter")
+	att.waitScreen("xxx")
+	att.literal("import getpass; pw = getpass.getpass('pw: ')")
+	att.keys("Enter")
+	att.waitScreen("pw: ")
+	att.literal("hunter2-secret")
+	att.keys("Enter")
+	att.literal("print(len(pw))")
+	att.keys("Enter")
+	att.waitScreen("14")
+	att.literal("raise SystemExit(5)")
+	att.keys("Enter")
+	att.waitScreen("CLI-EXIT=5")
+	final := screenOf(att.screen(), "CLI-EXIT=5")
+
+	var recs struct {
+		Recordings []recordingInfo `json:"recordings"`
+	}
+	if err := waitFor(30*time.Second, func() error {
+		d.api.want(t, http.StatusOK, "GET", "/jails/"+j.ID+"/recordings", nil, &recs)
+		if len(recs.Recordings) == 1 && recs.Recordings[0].Status == "complete" && recs.Recordings[0].SHA256 != "" {
+			return nil
+		}
+		return fmt.Errorf("recordings: %+v", recs.Recordings)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rid := recs.Recordings[0].ID
+	cast := d.api.want(t, http.StatusOK, "GET", "/recordings/"+rid, nil, nil).body
+
+	// Input is recorded, except at the password prompt.
+	if !bytes.Contains(cast, []byte(`"i", "6"`)) && !bytes.Contains(cast, []byte(`"i", "6*7`)) {
+		t.Fatalf("typed input is not in the recording:\n%s", cast)
+	}
+	if bytes.Contains(cast, []byte("hunter2")) {
+		t.Fatalf("the password is in the recording:\n%s", cast)
+	}
+
+	// Replayed in the same terminal size, the recording ends on the same
+	// screen as the live session.
+	rp := newTmux(t, 90, 25, env, binPath+" replay --speed 100 --idle-limit 100ms "+rid+"; echo CLI-EXIT=$?")
+	rp.waitScreen("CLI-EXIT=0")
+	if got := screenOf(rp.screen(), "CLI-EXIT=0"); got != final {
+		t.Fatalf("replayed screen differs from the live one:\nlive:\n%s\nreplay:\n%s", final, got)
+	}
+
+	// asciinema plays it.
+	file := filepath.Join(t.TempDir(), "rec.cast")
+	if err := os.WriteFile(file, cast, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exec.LookPath("asciinema"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("asciinema is required")
+		}
+		t.Skip("asciinema is not installed")
+	}
+	play := exec.Command("asciinema", "play", "-s", "100", "-i", "0.1", file)
+	play.Stdin = nil
+	var out bytes.Buffer
+	play.Stdout, play.Stderr = &out, &out
+	if err := play.Run(); err != nil || !strings.Contains(out.String(), "xxx") {
+		t.Fatalf("asciinema play: %v\n%s", err, out.String())
+	}
+
+	// A modified recording is reported as tampered.
+	stored := filepath.Join(d.dir, "jails", j.ID, "recordings", rid+".cast.zst")
+	data, err := os.ReadFile(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(stored, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := d.api.do(t, "GET", "/recordings/"+rid, nil)
+	if r.status != http.StatusConflict || !strings.Contains(r.errorMessage(), "modified") {
+		t.Fatalf("tampered recording: %s", r)
+	}
+	if _, stderr, code := runBin(t, env, "", "replay", rid); code == 0 || !strings.Contains(stderr, "integrity") {
+		t.Fatalf("replay of a tampered recording: exit %d, %s", code, stderr)
+	}
+}
+
+// screenOf returns the lines of a captured pane before the line holding
+// marker, without trailing blanks.
+func screenOf(pane, marker string) string {
+	lines := strings.Split(pane, "\n")
+	for i, l := range lines {
+		if strings.Contains(l, marker) {
+			lines = lines[:i]
+			break
+		}
+	}
+	for i := range lines {
+		lines[i] = strings.TrimRight(lines[i], " ")
+	}
+	return strings.TrimRight(strings.Join(lines, "\n"), "\n")
+}
+
+// BenchmarkTerminalEcho measures a keystroke's round trip through the
+// WebSocket: a byte typed, echoed by the jail's terminal, received.
+func BenchmarkTerminalEcho(b *testing.B) {
+	d := shared(b)
+	j := d.createJail(b, nil)
+	w := dialTerm(b, d, j.ID, url.Values{"cmd": {"cat"}})
+	w.arrivals = make(chan time.Time, 16)
+	w.start()
+	// Warm up until the terminal echoes.
+	w.send(b, "w")
+	w.waitText(b, "w")
+	for len(w.arrivals) > 0 {
+		<-w.arrivals
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		w.send(b, "k")
+		select {
+		case t1 := <-w.arrivals:
+			lat = append(lat, t1.Sub(t0))
+		case <-time.After(10 * time.Second):
+			b.Fatal("no echo within 10s")
+		}
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	med, p99 := lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	b.ReportMetric(float64(med.Microseconds())/1000, "median-ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkTerminalThroughput measures `cat` of a 100 MB file through a
+// recorded session, and checks the recording is complete.
+func BenchmarkTerminalThroughput(b *testing.B) {
+	d := shared(b)
+	j := d.createJail(b, map[string]any{"isolation": map[string]any{"resources": map[string]any{"disk_bytes": 2 << 30}}})
+	d.mustSh(b, j.ID, "head -c 75000000 /dev/urandom | base64 -w 99 > /workspace/big && test $(stat -c %s /workspace/big) -ge 100000000")
+	b.SetBytes(100_000_000)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		w := dialTerm(b, d, j.ID, url.Values{"cmd": {"cat", "/workspace/big"}}).start()
+		if code, _ := w.waitExit(b); code != 0 {
+			b.Fatalf("cat exit %d", code)
+		}
+		if n := len(w.text()); n < 100_000_000 {
+			b.Fatalf("received %d bytes", n)
+		}
+		b.StopTimer()
+		var recs struct {
+			Recordings []recordingInfo `json:"recordings"`
+		}
+		d.api.want(b, http.StatusOK, "GET", "/jails/"+j.ID+"/recordings", nil, &recs)
+		found := false
+		for _, r := range recs.Recordings {
+			if r.ID == w.session.RecordingID {
+				found = r.Status == "complete" && r.Size > 100_000_000
+			}
+		}
+		if !found {
+			b.Fatalf("recording %s incomplete: %+v", w.session.RecordingID, recs.Recordings)
+		}
+		b.StartTimer()
+	}
+}
