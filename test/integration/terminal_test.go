@@ -354,7 +354,7 @@ func TestTerminalCLI(t *testing.T) {
 	j := d.createJail(t, map[string]any{"recording": map[string]any{"input": true}})
 	env := []string{"AGENTJAIL_ADDR=" + d.addr, "AGENTJAIL_TOKEN=" + d.token}
 	live := newTmux(t, 90, 25, env, binPath+" exec -t "+j.ID+" -- python3 -i; echo CLI-EXIT=$?")
-	live.waitScreen(">>> ")
+	live.waitScreen(">>>")
 	live.literal("6*7")
 	live.keys("Enter")
 	live.waitScreen("42")
@@ -367,9 +367,11 @@ func TestTerminalCLI(t *testing.T) {
 	att.literal("print('x' * 3)")
 	att.keys("Enter")
 	att.waitScreen("xxx")
-	att.literal("import getpass; pw = getpass.getpass('pw: ')")
+	// The prompt is assembled at run time, so that it shows on the screen
+	// only once getpass has turned echo off.
+	att.literal("import getpass; pw = getpass.getpass('pass' + 'word:')")
 	att.keys("Enter")
-	att.waitScreen("pw: ")
+	att.waitScreen("password:")
 	att.literal("hunter2-secret")
 	att.keys("Enter")
 	att.literal("print(len(pw))")

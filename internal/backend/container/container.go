@@ -70,6 +70,8 @@ type Backend struct {
 	runtime *oci.Runtime
 	caps    backend.Capabilities
 	swap    bool
+	// criu is the CRIU binary process checkpoints use ("" without one).
+	criu string
 }
 
 // New returns the container backend. It fails with errdefs.ErrUnavailable
@@ -91,9 +93,10 @@ func New(opts Options) (*Backend, error) {
 		NetworkModes:     []string{config.NetIsolated, config.NetNone, config.NetBridge},
 		DiskLimit:        true,
 		UserNamespaces:   true,
-		Checkpoint:       false,
-		CheckpointReason: "checkpointing is not implemented by this daemon yet",
 	}
+	// Process checkpoints (checkpoint.go) need a working CRIU.
+	b.criu, b.caps.CheckpointReason = probeCheckpoint()
+	b.caps.Checkpoint = b.criu != ""
 	if opts.AllowHostNetwork {
 		b.caps.NetworkModes = append(b.caps.NetworkModes, config.NetHost)
 	}

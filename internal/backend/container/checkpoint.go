@@ -1,0 +1,734 @@
+package container
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	runc "github.com/containerd/go-runc"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/cgroups"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initclient"
+	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/storage"
+)
+
+// Process checkpoints are runc's (`runc checkpoint --leave-running`,
+// `runc restore` under a new id), which drive CRIU. Facts of this host
+// shape the code below:
+//
+//   - CRIU's hardware breakpoints never fire in this virtual machine, so
+//     every CRIU run gets CRIU_FAULT=130 (CRIU's switch to stop on the
+//     parasite's syscalls instead); without it a dump hangs for ever.
+//   - The filesystem copy must match the process images: CRIU runs an
+//     action script at "post-dump", while the jail's processes are still
+//     frozen. The script (hookScript) freezes the jail's XFS disk (which
+//     quiesces its log, so the copy mounts clean), reflinks its image and
+//     thaws it. Freezing the cgroup beforehand (runc pause) does not work:
+//     CRIU's parasite then never runs and the dump hangs.
+//   - runc skips the network namespace: a restored jail gets the fresh
+//     namespace the daemon made for it, passed by path in its bundle.
+//     Established TCP connections are dumped (--tcp-established) and
+//     restored closed (tcp-close): the new namespace has other addresses.
+//   - CRIU checks the size of every open file on restore, so the files of
+//     the control dir (init's log) are saved with the images and put in
+//     the new jail's control dir.
+
+const (
+	// criuMinMajor and criuMinMinor are the oldest CRIU that works on the
+	// kernels this project runs on (3.17 fails on >= 6.13).
+	criuMinMajor, criuMinMinor = 4, 1
+	// criuNoBreakpoints is CRIU's fault-injection code that makes it trace
+	// syscalls instead of setting hardware breakpoints.
+	criuNoBreakpoints = "CRIU_FAULT=130"
+	// restoreTimeout bounds a restore and init's readiness after it.
+	restoreTimeout = time.Minute
+	// checkpointTimeout bounds one checkpoint.
+	checkpointTimeout = 5 * time.Minute
+	// ioctlFIFREEZE and ioctlFITHAW are _IOWR('X', 119/120, int).
+	ioctlFIFREEZE = 0xc0045877
+	ioctlFITHAW   = 0xc0045878
+)
+
+// Names inside a checkpoint's directory.
+const (
+	imagesDir     = "criu"
+	workDir       = "criu-work"
+	savedControl  = "control"
+	checkpointRec = "checkpoint.json"
+	dumpConf      = "criu-dump.conf"
+)
+
+// hookScript is the CRIU action script of a process checkpoint. It acts at
+// post-dump only, while the jail's processes are frozen; a non-zero exit
+// fails the checkpoint (and CRIU resumes the jail).
+const hookScript = `#!/bin/sh
+# agentjail: CRIU action script of a jail checkpoint. At post-dump the
+# jail's processes are still frozen: copy its control files and its disk
+# so that they match the process images.
+[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
+mkdir -p "$AGENTJAIL_SAVE_CONTROL" || exit 1
+for f in "$AGENTJAIL_CONTROL"/*; do
+	if [ -f "$f" ] && [ ! -L "$f" ]; then
+		cp -p "$f" "$AGENTJAIL_SAVE_CONTROL"/ || exit 1
+	fi
+done
+fsfreeze -f "$AGENTJAIL_DISK_MOUNT" || exit 1
+cp --reflink=always "$AGENTJAIL_DISK_IMAGE" "$AGENTJAIL_DISK_COPY"
+rc=$?
+fsfreeze -u "$AGENTJAIL_DISK_MOUNT" || exit 1
+exit $rc
+`
+
+// checkpointInfo is the backend's record of a process checkpoint.
+type checkpointInfo struct {
+	// InitBinary is the init binary the jail ran; a restore binds the same
+	// file (CRIU checks the executable of every process).
+	InitBinary string `json:"init_binary"`
+	// Runtime is the runtime's version line.
+	Runtime string `json:"runtime"`
+	// CRIU is the CRIU binary used.
+	CRIU string `json:"criu"`
+}
+
+// probeCheckpoint looks for a CRIU that works here: /usr/local/sbin/criu
+// (where scripts/build-criu.sh installs it) or the one on PATH, at least
+// 4.1, passing `criu check`, with iptables present. It returns the path, or
+// "" and why checkpointing is unavailable.
+func probeCheckpoint() (string, string) {
+	var candidates []string
+	for _, c := range []string{"/usr/local/sbin/criu", "criu"} {
+		if p, err := exec.LookPath(c); err == nil && !containsStr(candidates, p) {
+			candidates = append(candidates, p)
+		}
+	}
+	if len(candidates) == 0 {
+		return "", "CRIU is not installed (run scripts/build-criu.sh for CRIU >= 4.1)"
+	}
+	var reasons []string
+	for _, c := range candidates {
+		out, err := exec.Command(c, "--version").Output()
+		if err != nil {
+			reasons = append(reasons, fmt.Sprintf("%s --version: %v", c, err))
+			continue
+		}
+		major, minor, ok := criuVersion(string(out))
+		if !ok {
+			reasons = append(reasons, fmt.Sprintf("%s: unreadable version %q", c, strings.TrimSpace(string(out))))
+			continue
+		}
+		if major < criuMinMajor || (major == criuMinMajor && minor < criuMinMinor) {
+			reasons = append(reasons, fmt.Sprintf("%s is CRIU %d.%d; %d.%d or newer is needed (scripts/build-criu.sh)", c, major, minor, criuMinMajor, criuMinMinor))
+			continue
+		}
+		if out, err := exec.Command(c, "check").CombinedOutput(); err != nil {
+			reasons = append(reasons, fmt.Sprintf("%s check failed: %s", c, lastLine(string(out))))
+			continue
+		}
+		if _, err := exec.LookPath("iptables"); err != nil {
+			return "", "iptables is not installed (CRIU needs it to lock the jail's network)"
+		}
+		for _, tool := range []string{"fsfreeze", "cp"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				return "", tool + " is not installed"
+			}
+		}
+		return c, ""
+	}
+	return "", strings.Join(reasons, "; ")
+}
+
+var criuVersionRE = regexp.MustCompile(`(?m)^Version:\s*(\d+)\.(\d+)`)
+
+func criuVersion(out string) (int, int, bool) {
+	m := criuVersionRE.FindStringSubmatch(out)
+	if m == nil {
+		return 0, 0, false
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	return major, minor, true
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func containsStr(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// criuRunc returns a go-runc handle on the backend's runtime state, and a
+// context carrying the environment every CRIU run needs plus env.
+func (b *Backend) criuRunc(ctx context.Context, env ...string) (*runc.Runc, context.Context) {
+	rc := &runc.Runc{Command: b.opts.RuntimeBinary, Root: filepath.Join(b.opts.DataDir, "run", "runc")}
+	path := filepath.Dir(b.criu) + string(os.PathListSeparator) + os.Getenv("PATH")
+	env = append([]string{criuNoBreakpoints, "PATH=" + path}, env...)
+	return rc, runc.WithExtraEnv(ctx, env...)
+}
+
+// hookPath writes the action script (once per content) and returns its path.
+func (b *Backend) hookPath() (string, error) {
+	p := filepath.Join(b.opts.DataDir, "run", "criu-snapshot-hook.sh")
+	if cur, err := os.ReadFile(p); err == nil && string(cur) == hookScript {
+		return p, nil
+	}
+	if err := writeFileAtomic(p, []byte(hookScript), 0o700); err != nil {
+		return "", fmt.Errorf("checkpoint action script: %w", err)
+	}
+	return p, nil
+}
+
+// Checkpoint implements backend.Checkpointer.
+func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts backend.CheckpointOptions) (backend.CheckpointResult, error) {
+	p := b.paths(inst)
+	if !opts.Processes {
+		return b.checkpointFS(inst, p, opts)
+	}
+	if !b.caps.Checkpoint {
+		return backend.CheckpointResult{}, errdefs.NotImplementedf("process checkpoints are unavailable: %s (mode fs still works)", b.caps.CheckpointReason)
+	}
+	hook, err := b.hookPath()
+	if err != nil {
+		return backend.CheckpointResult{}, err
+	}
+	conf := filepath.Join(opts.Dir, dumpConf)
+	if err := os.WriteFile(conf, []byte("action-script "+hook+"\n"), 0o600); err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("checkpoint config: %w", err)
+	}
+	info := checkpointInfo{InitBinary: b.opts.InitBinary, Runtime: b.caps.Runtime, CRIU: b.criu}
+	data, _ := json.MarshalIndent(info, "", "  ")
+	if err := os.WriteFile(filepath.Join(opts.Dir, checkpointRec), data, 0o600); err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("checkpoint record: %w", err)
+	}
+	images := filepath.Join(opts.Dir, imagesDir)
+	work := filepath.Join(opts.Dir, workDir)
+	ctx, cancel := context.WithTimeout(ctx, checkpointTimeout)
+	defer cancel()
+	rc, cctx := b.criuRunc(ctx,
+		"CRIU_CONFIG_FILE="+conf,
+		"AGENTJAIL_CONTROL="+p.control,
+		"AGENTJAIL_SAVE_CONTROL="+filepath.Join(opts.Dir, savedControl),
+		"AGENTJAIL_DISK_MOUNT="+p.disk,
+		"AGENTJAIL_DISK_IMAGE="+b.opts.Pool.DiskPath(inst.ID),
+		"AGENTJAIL_DISK_COPY="+opts.DiskImage,
+	)
+	err = rc.Checkpoint(cctx, inst.ID, &runc.CheckpointOpts{
+		ImagePath:    images,
+		WorkDir:      work,
+		AllowOpenTCP: true,
+		FileLocks:    true,
+	}, runc.LeaveRunning)
+	if err != nil {
+		// CRIU thaws the jail whatever happened; make sure of the disk too.
+		_ = thawFS(p.disk)
+		return backend.CheckpointResult{}, dumpError(inst, filepath.Join(work, "dump.log"), err)
+	}
+	if _, err := os.Stat(opts.DiskImage); err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: the disk copy was not made: %w", inst.Name, err)
+	}
+	res := backend.CheckpointResult{Frozen: frozenTime(filepath.Join(work, "dump.log"))}
+	res.ProcessBytes, _ = dirSize(images)
+	return res, nil
+}
+
+// checkpointFS records the jail's disk only: freeze the filesystem (which
+// flushes it and blocks writers at a consistent point), reflink the image,
+// thaw. The jail's processes are not stopped.
+func (b *Backend) checkpointFS(inst backend.Instance, p paths, opts backend.CheckpointOptions) (backend.CheckpointResult, error) {
+	mounted, err := storage.IsMounted(p.disk)
+	if err != nil {
+		return backend.CheckpointResult{}, err
+	}
+	if !mounted {
+		return backend.CheckpointResult{}, errdefs.Conflictf("snapshot of jail %s: its disk is not mounted", inst.Name)
+	}
+	fd, err := unix.Open(p.disk, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("snapshot of jail %s: %w", inst.Name, err)
+	}
+	defer unix.Close(fd)
+	start := time.Now()
+	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("snapshot of jail %s: freeze %s: %w", inst.Name, p.disk, err)
+	}
+	cerr := cloneFile(b.opts.Pool.DiskPath(inst.ID), opts.DiskImage)
+	terr := unix.IoctlSetInt(fd, ioctlFITHAW, 0)
+	frozen := time.Since(start)
+	if cerr != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("snapshot of jail %s: %w", inst.Name, cerr)
+	}
+	if terr != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("snapshot of jail %s: thaw %s: %w", inst.Name, p.disk, terr)
+	}
+	return backend.CheckpointResult{Frozen: frozen}, nil
+}
+
+// thawFS thaws the filesystem mounted at dir; not being frozen is fine.
+func thawFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("thaw %s: %w", dir, err)
+	}
+	return nil
+}
+
+// cloneFile makes dst (which must not exist) a reflink copy of src. On
+// error dst does not exist.
+func cloneFile(src, dst string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("clone %s: %w", src, err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return errdefs.Conflictf("clone %s: %s already exists", src, dst)
+	}
+	if err != nil {
+		return fmt.Errorf("clone %s: %w", src, err)
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("clone %s to %s: %w", src, dst, cerr)
+		}
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err != nil {
+		return fmt.Errorf("clone %s to %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// dumpErrorRE finds CRIU's error lines; pidRE the pids they name.
+var (
+	dumpErrorRE = regexp.MustCompile(`Error \([^)]*\): (.*)$`)
+	pidRE       = regexp.MustCompile(`\(pid:? (\d+)\)|\bpid (\d+)\b|\b(\d+)'s\b`)
+)
+
+// dumpError turns a failed dump into an error that names what could not
+// be recorded: CRIU's own error lines, with the jail process (command and
+// pid) they name.
+func dumpError(inst backend.Instance, logPath string, err error) error {
+	f, ferr := os.Open(logPath)
+	if ferr != nil {
+		return fmt.Errorf("checkpoint of jail %s: %w", inst.Name, err)
+	}
+	defer f.Close()
+	var msgs []string
+	procs := map[string]string{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		m := dumpErrorRE.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		msg := strings.TrimSpace(m[1])
+		if strings.Contains(msg, "rlimit: Can't setup RLIMIT_NOFILE for self") || strings.HasPrefix(msg, "Dumping FAILED") {
+			continue
+		}
+		for _, pm := range pidRE.FindAllStringSubmatch(msg, -1) {
+			for _, pid := range pm[1:] {
+				if pid != "" {
+					procs[pid] = processName(pid)
+				}
+			}
+		}
+		if !containsStr(msgs, msg) {
+			msgs = append(msgs, msg)
+		}
+	}
+	if len(msgs) == 0 {
+		return fmt.Errorf("checkpoint of jail %s: %w (see %s)", inst.Name, err, logPath)
+	}
+	if len(msgs) > 4 {
+		msgs = msgs[len(msgs)-4:]
+	}
+	detail := strings.Join(msgs, "; ")
+	var names []string
+	for pid, name := range procs {
+		names = append(names, fmt.Sprintf("pid %s is %s", pid, name))
+	}
+	if len(names) > 0 {
+		detail += " (" + strings.Join(names, ", ") + ")"
+	}
+	return errdefs.Unprocessablef("checkpoint of jail %s failed; the jail keeps running: %s", inst.Name, detail)
+}
+
+// processName describes a host pid: its command line and uid.
+func processName(pid string) string {
+	cmd, err := os.ReadFile("/proc/" + pid + "/cmdline")
+	if err != nil || len(cmd) == 0 {
+		comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+		return strconv.Quote(strings.TrimSpace(string(comm)))
+	}
+	args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+	s := strings.Join(args, " ")
+	if len(s) > 80 {
+		s = s[:80] + "..."
+	}
+	uid := ""
+	if st, err := os.ReadFile("/proc/" + pid + "/status"); err == nil {
+		for _, line := range strings.Split(string(st), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				uid = " uid " + f[1]
+			}
+		}
+	}
+	return strconv.Quote(s) + uid
+}
+
+// logStampRE reads the (SS.UUUUUU) stamp CRIU puts before each log line.
+var logStampRE = regexp.MustCompile(`^\((\d+)\.(\d{6})\)`)
+
+// frozenTime reads from a dump log how long the jail's processes were
+// frozen: from the cgroup freeze to the release of the tasks.
+func frozenTime(logPath string) time.Duration {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var from, to time.Duration
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		m := logStampRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		s, _ := strconv.Atoi(m[1])
+		us, _ := strconv.Atoi(m[2])
+		ts := time.Duration(s)*time.Second + time.Duration(us)*time.Microsecond
+		switch {
+		case from == 0 && strings.Contains(line, "freezing cgroup"):
+			from = ts
+		case from != 0 && (strings.Contains(line, "Unfreezing tasks") || strings.Contains(line, "Unseizing")):
+			to = ts
+		}
+	}
+	if to > from {
+		return to - from
+	}
+	return 0
+}
+
+// dirSize sums the sizes of the regular files below dir.
+func dirSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+// Restore implements backend.Checkpointer.
+func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backend.RestoreSource) (st backend.Status, err error) {
+	p := b.paths(inst)
+	defer func() {
+		if err != nil {
+			if derr := b.Destroy(context.WithoutCancel(ctx), inst); derr != nil {
+				b.opts.Log.Error("releasing a jail whose restore failed", "jail", inst.ID, "err", derr)
+			}
+		}
+	}()
+	if src.Processes && !b.caps.Checkpoint {
+		return backend.Status{}, errdefs.NotImplementedf("process restores are unavailable: %s", b.caps.CheckpointReason)
+	}
+	if err := cloneFile(src.DiskImage, b.opts.Pool.DiskPath(inst.ID)); err != nil {
+		return backend.Status{}, fmt.Errorf("jail disk: %w", err)
+	}
+	if !src.Processes {
+		return b.Start(ctx, inst)
+	}
+	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
+	if err := b.ensure(ctx, inst, p); err != nil {
+		return backend.Status{}, err
+	}
+	att, err := b.attach(ctx, inst, p)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	if err := b.writeControl(inst, p, att.Env); err != nil {
+		return backend.Status{}, err
+	}
+	if err := restoreControl(filepath.Join(src.Dir, savedControl), p.control); err != nil {
+		return backend.Status{}, err
+	}
+	if err := b.writeBundle(inst, p, att.HostNetwork); err != nil {
+		return backend.Status{}, err
+	}
+	if err := b.pinInitBinary(src.Dir, p.dir); err != nil {
+		return backend.Status{}, err
+	}
+	// The cgroup exists before any process runs, so observation covers
+	// the restored jail from its first instruction.
+	if dir := cgroups.UnifiedDir(p.cgroup); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return backend.Status{}, fmt.Errorf("jail cgroup: %w", err)
+		}
+	}
+	if inst.OnCreated != nil {
+		if err := inst.OnCreated(backend.Status{Running: true, CgroupPath: p.cgroup, NetInterface: att.Interface}); err != nil {
+			return backend.Status{}, err
+		}
+	}
+	pid, err := b.runRestore(ctx, inst, p, src)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	if err := waitInit(ctx, filepath.Join(p.control, initproto.SocketName)); err != nil {
+		return backend.Status{}, fmt.Errorf("restored jail %s: %w", inst.Name, err)
+	}
+	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface}, nil
+}
+
+// runRestore runs `runc restore --detach` and returns the restored init's
+// host pid. The restored processes' stdio are pipes whose daemon ends are
+// drained until the jail exits.
+func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths, src backend.RestoreSource) (int, error) {
+	conf := filepath.Join(p.dir, "criu-restore.conf")
+	if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
+		return 0, fmt.Errorf("restore config: %w", err)
+	}
+	pipes, err := runc.NewPipeIO(0, 0)
+	if err != nil {
+		return 0, fmt.Errorf("restore %s: stdio pipes: %w", inst.ID, err)
+	}
+	tmp, err := os.MkdirTemp("", "agentjail-restore-")
+	if err != nil {
+		pipes.Close()
+		return 0, fmt.Errorf("restore %s: pid file dir: %w", inst.ID, err)
+	}
+	defer os.RemoveAll(tmp)
+	pidFile := filepath.Join(tmp, "pid")
+	rc, cctx := b.criuRunc(context.WithoutCancel(ctx), "CRIU_CONFIG_FILE="+conf)
+	cctx, cancel := context.WithTimeout(cctx, restoreTimeout)
+	defer cancel()
+	work := filepath.Join(p.dir, "criu-restore")
+	_, err = rc.Restore(cctx, inst.ID, p.dir, &runc.RestoreOpts{
+		CheckpointOpts: runc.CheckpointOpts{
+			ImagePath: filepath.Join(src.Dir, imagesDir),
+			WorkDir:   work,
+			FileLocks: true,
+		},
+		IO:      pipes,
+		Detach:  true,
+		PidFile: pidFile,
+	})
+	_ = pipes.Stdin().Close()
+	if err != nil {
+		pipes.Close()
+		return 0, restoreError(inst, filepath.Join(work, "restore.log"), err)
+	}
+	go drain(pipes)
+	return readPidFile(pidFile)
+}
+
+// drain reads the restored jail's stdout and stderr until every writer is
+// gone (the jail exited), then closes the daemon's ends.
+func drain(pipes runc.IO) {
+	done := make(chan struct{}, 2)
+	for _, r := range []io.Reader{pipes.Stdout(), pipes.Stderr()} {
+		go func() {
+			_, _ = io.Copy(io.Discard, r)
+			done <- struct{}{}
+		}()
+	}
+	<-done
+	<-done
+	pipes.Close()
+}
+
+func restoreError(inst backend.Instance, logPath string, err error) error {
+	f, ferr := os.Open(logPath)
+	if ferr != nil {
+		return fmt.Errorf("restore of jail %s: %w", inst.Name, err)
+	}
+	defer f.Close()
+	var msgs []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if m := dumpErrorRE.FindStringSubmatch(sc.Text()); m != nil && !strings.Contains(m[1], "RLIMIT_NOFILE for self") {
+			msgs = append(msgs, strings.TrimSpace(m[1]))
+		}
+	}
+	if len(msgs) > 4 {
+		msgs = msgs[len(msgs)-4:]
+	}
+	if len(msgs) == 0 {
+		return fmt.Errorf("restore of jail %s: %w (see %s)", inst.Name, err, logPath)
+	}
+	return fmt.Errorf("restore of jail %s: %w: %s", inst.Name, err, strings.Join(msgs, "; "))
+}
+
+func readPidFile(path string) (int, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read runtime pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("runtime pid file holds %q, not a pid", data)
+	}
+	return pid, nil
+}
+
+// restoreControl copies the control files saved with a checkpoint into a
+// new jail's control dir, keeping the new jail's own init.json.
+func restoreControl(saved, control string) error {
+	entries, err := os.ReadDir(saved)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("saved control files: %w", err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || e.Name() == initproto.ConfigName {
+			continue
+		}
+		if err := copyFile(filepath.Join(saved, e.Name()), filepath.Join(control, e.Name())); err != nil {
+			return fmt.Errorf("saved control files: %w", err)
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, fi.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	if st, ok := fi.Sys().(*unix.Stat_t); ok {
+		return os.Lchown(dst, int(st.Uid), int(st.Gid))
+	}
+	return nil
+}
+
+// pinInitBinary points the restored bundle's init binary mount at the
+// binary the checkpointed jail ran, when that differs from the daemon's
+// current one (a daemon upgrade between checkpoint and restore).
+func (b *Backend) pinInitBinary(snapDir, bundle string) error {
+	data, err := os.ReadFile(filepath.Join(snapDir, checkpointRec))
+	if err != nil {
+		return fmt.Errorf("checkpoint record: %w", err)
+	}
+	var info checkpointInfo
+	if err := json.Unmarshal(data, &info); err != nil {
+		return fmt.Errorf("checkpoint record: %w", err)
+	}
+	if info.InitBinary == "" || info.InitBinary == b.opts.InitBinary {
+		return nil
+	}
+	if _, err := os.Stat(info.InitBinary); err != nil {
+		return errdefs.Wrap(errdefs.ErrConflict, err, "the checkpointed jail ran init binary %s, which is gone", info.InitBinary)
+	}
+	cfgPath := filepath.Join(bundle, "config.json")
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return fmt.Errorf("bundle config: %w", err)
+	}
+	mounts, _ := spec["mounts"].([]any)
+	for _, m := range mounts {
+		if mm, ok := m.(map[string]any); ok && mm["source"] == b.opts.InitBinary {
+			mm["source"] = info.InitBinary
+		}
+	}
+	out, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(cfgPath, out, 0o600)
+}
+
+// waitInit waits until init answers on its control socket.
+func waitInit(ctx context.Context, sock string) error {
+	c := initclient.New(sock)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := c.Ping(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.ErrTimeout, err, "init did not answer on %s", sock)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Recover implements backend.Checkpointer.
+func (b *Backend) Recover(ctx context.Context, inst backend.Instance) error {
+	p := b.paths(inst)
+	errs := []error{thawFS(p.disk)}
+	if st, _, err := b.runtime.State(ctx, inst.ID); err == nil && st == "paused" {
+		errs = append(errs, b.runtime.Resume(ctx, inst.ID))
+	}
+	return errors.Join(errs...)
+}
