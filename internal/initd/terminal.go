@@ -30,7 +30,7 @@ const (
 	attachQueue = 128
 	// lagGrace is how long output waits for an attachment whose queue is
 	// full before the attachment starts losing output.
-	lagGrace = 200 * time.Millisecond
+	lagGrace = time.Second
 	// recordFlush is how often a recording is flushed to its file, so
 	// that a crash loses at most this much of it.
 	recordFlush = time.Second

@@ -274,10 +274,12 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 			_ = teardown(o.Prefix)
 		}
 	}()
-	if err := m.applyLocked(); err != nil {
+	// Services first: binding the nflog group settles the group number
+	// the table's log rules use.
+	if err := m.startServices(ctx); err != nil {
 		return nil, err
 	}
-	if err := m.startServices(ctx); err != nil {
+	if err := m.applyLocked(); err != nil {
 		return nil, err
 	}
 	ok, locked = true, false

@@ -76,11 +76,28 @@ func (m *Manager) startNflog() (*nflogReader, error) {
 		return fail(fmt.Errorf("nflog socket timeout: %w", err))
 	}
 	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
+	// The group derives from the prefix; another daemon (another prefix)
+	// may hold it already (EPERM): take the next free one of the range.
+	base := m.group
+	var bound bool
+	for try := uint16(0); try < 256 && !bound; try++ {
+		m.group = base&0xff00 | (base+try)&0xff
+		err := nflogConfig(fd, 1, m.group, nlAttr(nfulaCfgCmd, []byte{nfulnlCfgCmdBind}))
+		if errors.Is(err, unix.EPERM) {
+			continue
+		}
+		if err != nil {
+			return fail(fmt.Errorf("nflog group %d: %w", m.group, err))
+		}
+		bound = true
+	}
+	if !bound {
+		return fail(fmt.Errorf("nflog: every group of 0x%04x..0x%04x is taken", base&0xff00, base|0xff))
+	}
 	mode := binary.BigEndian.AppendUint32(nil, nflogCopyRange)
 	mode = append(mode, nfulnlCopyPacket, 0)
-	for i, attr := range [][]byte{nlAttr(nfulaCfgCmd, []byte{nfulnlCfgCmdBind}), nlAttr(nfulaCfgMode, mode),
-		nlAttr(nfulaCfgQThresh, binary.BigEndian.AppendUint32(nil, 1))} {
-		if err := nflogConfig(fd, uint32(i+1), m.group, attr); err != nil {
+	for i, attr := range [][]byte{nlAttr(nfulaCfgMode, mode), nlAttr(nfulaCfgQThresh, binary.BigEndian.AppendUint32(nil, 1))} {
+		if err := nflogConfig(fd, uint32(i+2), m.group, attr); err != nil {
 			return fail(fmt.Errorf("nflog group %d: %w", m.group, err))
 		}
 	}

@@ -1,0 +1,341 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// procEvent is a "proc" line of processes.jsonl / the event stream.
+type procEvent struct {
+	Type     string   `json:"type"`
+	Seq      uint64   `json:"seq"`
+	Op       string   `json:"op"`
+	Pid      int      `json:"pid"`
+	Ppid     int      `json:"ppid"`
+	Comm     string   `json:"comm"`
+	Exe      string   `json:"exe"`
+	Argv     []string `json:"argv"`
+	ExitCode *int     `json:"exit_code"`
+	Signal   int      `json:"signal"`
+	Path     string   `json:"path"`
+	Bytes    int64    `json:"bytes"`
+	NR       int      `json:"nr"`
+	Name     string   `json:"name"`
+}
+
+// readEvents reads one of a jail's JSONL files from the daemon's data dir
+// once the daemon has flushed it (a stopped jail's files are complete).
+func readEvents(tb testing.TB, d *daemon, id, file string) []procEvent {
+	tb.Helper()
+	f, err := os.Open(filepath.Join(d.dir, "jails", id, "events", file))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	var out []procEvent
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var ev procEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			tb.Fatalf("%s: bad line %q: %v", file, sc.Text(), err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// stopJail stops a jail so that its event files are complete.
+func stopJail(tb testing.TB, d *daemon, id string) {
+	tb.Helper()
+	d.api.want(tb, http.StatusOK, "POST", "/jails/"+id+"/stop", map[string]any{"timeout_s": 5}, nil)
+}
+
+// TestObserveProcessTreeMatchesStrace runs a shell pipeline in a jail and
+// compares every exec (argv) and exit code the daemon recorded with what
+// `strace -f -e trace=process` reports for the same script.
+func TestObserveProcessTreeMatchesStrace(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	const script = `echo abc | tr a-c x-z | cat >/dev/null; (exit 3); sh -c 'exit 5'; /bin/true; ls /nonexistent 2>/dev/null; echo done`
+	res := d.shAs(t, j.ID, "", "sh -c "+shellQuote(script))
+	if res.ExitCode != 0 {
+		t.Fatalf("workload: %s", &res)
+	}
+	// The same script under strace, in the same jail.
+	st := d.shAs(t, j.ID, "", "strace -f -q -s 4096 -e trace=process -o /tmp/strace.out sh -c "+shellQuote(script)+"; cat /tmp/strace.out")
+	if st.ExitCode != 0 {
+		t.Fatalf("strace run: %s", &st)
+	}
+	stopJail(t, d, j.ID)
+
+	// What strace saw: execve argv lists and exit codes, per process.
+	execRE := regexp.MustCompile(`^(\d+)\s+execve\("[^"]*", \[(.*)\], .*= 0$`)
+	exitRE := regexp.MustCompile(`^(\d+)\s+\+\+\+ exited with (\d+) \+\+\+$`)
+	var straceExecs []string
+	straceExit := map[int]int{}
+	straceExecOf := map[int]string{}
+	for _, line := range strings.Split(st.Stdout, "\n") {
+		if m := execRE.FindStringSubmatch(line); m != nil {
+			argv := strings.ReplaceAll(m[2], `"`, "")
+			pid, _ := strconv.Atoi(m[1])
+			straceExecs = append(straceExecs, argv)
+			straceExecOf[pid] = argv
+		} else if m := exitRE.FindStringSubmatch(line); m != nil {
+			pid, _ := strconv.Atoi(m[1])
+			code, _ := strconv.Atoi(m[2])
+			straceExit[pid] = code
+		}
+	}
+	if len(straceExecs) < 5 {
+		t.Fatalf("strace saw too few execs (%d): %s", len(straceExecs), st.Stdout)
+	}
+	var straceResults []string
+	for pid, argv := range straceExecOf {
+		straceResults = append(straceResults, fmt.Sprintf("%s => %d", argv, straceExit[pid]))
+	}
+
+	// What the daemon recorded for the first (untraced) run: the processes
+	// below the `sh -c script` exec'd by the first exec request.
+	evs := readEvents(t, d, j.ID, "processes.jsonl")
+	root := -1
+	for _, ev := range evs {
+		if ev.Op == "exec" && len(ev.Argv) == 3 && ev.Argv[0] == "sh" && ev.Argv[2] == script {
+			root = ev.Pid
+			break
+		}
+	}
+	if root < 0 {
+		t.Fatalf("the workload's sh -c was not recorded")
+	}
+	inTree := map[int]bool{root: true}
+	var ourExecs, ourResults []string
+	execOf := map[int]string{}
+	exitOf := map[int]int{}
+	for _, ev := range evs {
+		switch ev.Op {
+		case "fork":
+			if inTree[ev.Ppid] {
+				inTree[ev.Pid] = true
+			}
+		case "exec":
+			if inTree[ev.Pid] {
+				a := strings.Join(ev.Argv, ", ")
+				ourExecs = append(ourExecs, a)
+				execOf[ev.Pid] = a
+			}
+		case "exit":
+			if inTree[ev.Pid] && ev.ExitCode != nil {
+				exitOf[ev.Pid] = *ev.ExitCode
+			}
+		}
+	}
+	for pid, argv := range execOf {
+		ourResults = append(ourResults, fmt.Sprintf("%s => %d", argv, exitOf[pid]))
+	}
+	sort.Strings(straceExecs)
+	sort.Strings(ourExecs)
+	sort.Strings(straceResults)
+	sort.Strings(ourResults)
+	if !slices.Equal(straceExecs, ourExecs) {
+		t.Errorf("execs differ:\nstrace: %q\nours:   %q", straceExecs, ourExecs)
+	}
+	if !slices.Equal(straceResults, ourResults) {
+		t.Errorf("exit codes differ:\nstrace: %q\nours:   %q", straceResults, ourResults)
+	}
+}
+
+// TestObserveFsDiffMatchesDiffR changes files in a jail and compares the
+// daemon's fs diff with `diff -rq` between the lower tree and the merged
+// view, and the recorded write byte counts with what was written.
+func TestObserveFsDiffMatchesDiffR(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	res := d.shAs(t, j.ID, "root", `set -e
+python3 -c 'open("/workspace/data.bin","wb").write(b"x"*123457)'
+echo changed >> /etc/motd
+rm /etc/issue.net 2>/dev/null || rm -f /etc/debian_version
+mkdir -p /opt/tool/bin && printf 'y%.0s' $(seq 1 4096) > /opt/tool/bin/run
+chmod 0600 /etc/hostname 2>/dev/null || true`)
+	if res.ExitCode != 0 {
+		t.Fatalf("workload: %s", &res)
+	}
+	var diff struct {
+		Changes []struct {
+			Path string `json:"path"`
+			Kind string `json:"kind"`
+			Type string `json:"type"`
+			Size int64  `json:"size"`
+		} `json:"changes"`
+	}
+	d.api.want(t, http.StatusOK, "GET", "/jails/"+j.ID+"/fs/diff", nil, &diff)
+
+	lower := filepath.Join(d.dir, "rootfs", "host")
+	merged := filepath.Join(d.dir, "jails", j.ID, "rootfs", "merged")
+	out, _ := exec.Command("diff", "-rq", "--no-dereference", lower, merged).CombinedOutput()
+	var fromDiff []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		switch {
+		case strings.HasPrefix(line, "Files "):
+			// Files LOWER/x and MERGED/x differ
+			p := strings.TrimPrefix(strings.Fields(line)[1], lower)
+			fromDiff = append(fromDiff, "modified "+p)
+		case strings.HasPrefix(line, "Only in "+merged):
+			rest := strings.TrimPrefix(line, "Only in "+merged)
+			dir, name, _ := strings.Cut(rest, ": ")
+			fromDiff = append(fromDiff, "added "+filepath.Join("/", dir, name))
+		case strings.HasPrefix(line, "Only in "+lower):
+			rest := strings.TrimPrefix(line, "Only in "+lower)
+			dir, name, _ := strings.Cut(rest, ": ")
+			fromDiff = append(fromDiff, "deleted "+filepath.Join("/", dir, name))
+		}
+	}
+	// diff -r names an added or deleted directory once; the daemon also
+	// lists what is inside: keep its top-level entries, and leave out
+	// mode-only changes (diff -q compares contents) and agentjail's own
+	// mount points.
+	var ours []string
+	var sizes = map[string]int64{}
+	for _, c := range diff.Changes {
+		sizes[c.Path] = c.Size
+		covered := false
+		for _, o := range ours {
+			_, p, _ := strings.Cut(o, " ")
+			if strings.HasPrefix(c.Path, p+"/") {
+				covered = true
+			}
+		}
+		if covered || (c.Kind == "modified" && c.Type == "dir") {
+			continue
+		}
+		if c.Kind == "modified" && c.Path == "/etc/hostname" {
+			continue // chmod only
+		}
+		ours = append(ours, c.Kind+" "+c.Path)
+	}
+	sort.Strings(ours)
+	sort.Strings(fromDiff)
+	if !slices.Equal(ours, fromDiff) {
+		t.Errorf("fs diff differs from diff -rq:\nours:    %q\ndiff -r: %q", ours, fromDiff)
+	}
+	if sizes["/workspace/data.bin"] != 123457 {
+		t.Errorf("size of /workspace/data.bin in the diff: %d", sizes["/workspace/data.bin"])
+	}
+
+	stopJail(t, d, j.ID)
+	var written int64
+	for _, ev := range readEvents(t, d, j.ID, "filesystem.jsonl") {
+		if ev.Path == "/workspace/data.bin" && ev.Op == "write" {
+			written += ev.Bytes
+		}
+	}
+	if written != 123457 {
+		t.Errorf("recorded writes to /workspace/data.bin: %d bytes, want 123457", written)
+	}
+}
+
+// TestObserveOnlyItsOwnJail runs a marked command in one jail and on the
+// host at the same time and checks that neither appears in another jail's
+// record, and that the SSE stream serves the recent past with a type
+// filter and resumes after a sequence number.
+func TestObserveOnlyItsOwnJail(t *testing.T) {
+	d := shared(t)
+	a := d.createJail(t, nil)
+	b := d.createJail(t, nil)
+	host := exec.Command("bash", "-c", "exec -a marker-host-x1 sleep 1")
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.shAs(t, b.ID, "", "bash -c 'exec -a marker-jail-b sleep 0.2'")
+	d.shAs(t, a.ID, "", "echo in-a")
+	if err := host.Wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body := sse(t, ctx, d, "/jails/"+a.ID+"/events?follow=false")
+	if strings.Contains(body, "marker-jail-b") || strings.Contains(body, "marker-host-x1") {
+		t.Fatalf("jail %s's events contain another jail's or the host's process", a.Name)
+	}
+	if !strings.Contains(body, `"in-a"`) && !strings.Contains(body, "echo in-a") {
+		t.Fatalf("jail %s's own command is missing from its events", a.Name)
+	}
+	// Type filter and resumption.
+	procs := sse(t, ctx, d, "/jails/"+a.ID+"/events?follow=false&type=proc")
+	ids := regexp.MustCompile(`(?m)^id: (\d+)$`).FindAllStringSubmatch(procs, -1)
+	if len(ids) < 3 || strings.Contains(procs, "event: syscall") {
+		t.Fatalf("type=proc stream: %d events, or other types in it", len(ids))
+	}
+	mid := ids[len(ids)/2][1]
+	rest := sse(t, ctx, d, "/jails/"+a.ID+"/events?follow=false&type=proc&since="+mid)
+	first := regexp.MustCompile(`(?m)^id: (\d+)$`).FindStringSubmatch(rest)
+	if first == nil {
+		t.Fatalf("nothing after %s", mid)
+	}
+	n1, _ := strconv.ParseUint(first[1], 10, 64)
+	n0, _ := strconv.ParseUint(mid, 10, 64)
+	if n1 <= n0 {
+		t.Fatalf("since=%s resumed at %d", mid, n1)
+	}
+	var rep struct {
+		Lost        map[string]uint64 `json:"lost"`
+		Observation struct {
+			OK bool `json:"ok"`
+		} `json:"observation"`
+		Syscalls []struct {
+			Name  string `json:"name"`
+			Count uint64 `json:"count"`
+		} `json:"syscalls"`
+	}
+	d.api.want(t, http.StatusOK, "GET", "/jails/"+a.ID+"/report", nil, &rep)
+	if !rep.Observation.OK || len(rep.Syscalls) == 0 || rep.Lost["kernel"] != 0 {
+		t.Fatalf("report: observation %v, %d syscalls, lost %v", rep.Observation.OK, len(rep.Syscalls), rep.Lost)
+	}
+}
+
+// sse reads a whole (non-following) event stream.
+func sse(tb testing.TB, ctx context.Context, d *daemon, path string) string {
+	tb.Helper()
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+d.addr+path, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		tb.Fatalf("GET %s: %s", path, resp.Status)
+	}
+	var sb strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		sb.WriteString(sc.Text())
+		sb.WriteByte('\n')
+		if sc.Text() == "event: end" {
+			sc.Scan()
+			break
+		}
+	}
+	return sb.String()
+}
+
+// shellQuote quotes s for sh.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
