@@ -84,8 +84,14 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 		end("no events after the requested one")
 		return nil
 	}
+	wait := sseHeartbeat
+	if !follow {
+		// Filtered-out events also move the subscription on: look at its
+		// position often so a filtered stream ends promptly.
+		wait = 100 * time.Millisecond
+	}
 	for {
-		ctx, cancel := context.WithTimeout(r.Context(), sseHeartbeat)
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		evs, err := sub.Next(ctx, buf[:0])
 		cancel()
 		for i := range evs {
@@ -101,10 +107,10 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 			if _, werr := bw.Write(line); werr != nil {
 				return nil
 			}
-			if !follow && ev.Seq >= last {
-				end("all events held at the time of the request were sent")
-				return nil
-			}
+		}
+		if !follow && sub.Position() >= last {
+			end("all events held at the time of the request were sent")
+			return nil
 		}
 		switch {
 		case errors.Is(err, observe.ErrBusClosed):
@@ -113,8 +119,10 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 		case r.Context().Err() != nil:
 			return nil
 		case errors.Is(err, context.DeadlineExceeded):
-			if _, werr := bw.WriteString(": ping\n\n"); werr != nil {
-				return nil
+			if follow {
+				if _, werr := bw.WriteString(": ping\n\n"); werr != nil {
+					return nil
+				}
 			}
 		case err != nil:
 			s.log.Error("event stream", "err", err)

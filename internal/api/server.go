@@ -89,6 +89,8 @@ type Service interface {
 	Health(ctx context.Context) model.Health
 	// TerminalService serves the terminal and recording routes.
 	TerminalService
+	// SnapshotService serves the snapshot, restore, branch and diff routes.
+	SnapshotService
 }
 
 // Body limits.
@@ -140,6 +142,15 @@ var routes = []route{
 	{http.MethodGet, "/jails/{id}/terminals", (*server).listTerminals, true},
 	{http.MethodGet, "/jails/{id}/recordings", (*server).listRecordings, true},
 	{http.MethodGet, "/recordings/{rid}", (*server).getRecording, true},
+	{http.MethodPost, "/jails/{id}/snapshot", (*server).createSnapshot, true},
+	{http.MethodGet, "/jails/{id}/snapshots", (*server).jailSnapshots, true},
+	{http.MethodGet, "/snapshots", (*server).listSnapshots, true},
+	{http.MethodGet, "/snapshots/{sid}", (*server).getSnapshot, true},
+	{http.MethodDelete, "/snapshots/{sid}", (*server).deleteSnapshot, true},
+	{http.MethodPost, "/snapshots/{sid}/restore", (*server).restoreSnapshot, true},
+	{http.MethodPost, "/snapshots/{sid}/branch", (*server).branchSnapshot, true},
+	{http.MethodGet, "/snapshots/{sid}/diff", (*server).snapshotDiff, true},
+	{http.MethodGet, "/diff", (*server).diff, true},
 }
 
 type server struct {

@@ -16,6 +16,15 @@
 // is delivered; background processes it left keep running (their shim
 // stays with them until they exit) but lose the exec's stdout and stderr.
 //
+// Terminals. A PTY exec starts a terminal session: init allocates the
+// pseudo-terminal from the jail's own devpts, the shim makes it the
+// command's controlling terminal in a new session, and the session
+// outlives the connections attached to it. Init keeps 256 KiB of recent
+// output for connections that attach later, fans the output out to every
+// attachment through bounded queues (one that falls behind loses output,
+// never slows the others), and records the session as asciicast v2 in the
+// control directory, flushed every second.
+//
 // Files. File operations run with init's (root) privileges and resolve
 // every path with openat2(RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS) relative
 // to the root's directory fd; the jail's blocked paths are checked on the

@@ -80,6 +80,8 @@ type Manager struct {
 	netTracer    *bpf.NetTracer
 	netTracerErr error
 	host         config.Host
+	// snaps is the snapshot store (snapshots.go).
+	snaps *snapshotState
 
 	mu    sync.Mutex
 	jails map[string]*entry // by id
@@ -213,10 +215,15 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		Levels:       []string{caps.Level},
 		NetworkModes: caps.NetworkModes,
 	}
+	if err := m.openSnapshots(); err != nil {
+		m.pool.Close()
+		return nil, err
+	}
 	if err := m.recover(ctx); err != nil {
 		m.pool.Close()
 		return nil, err
 	}
+	m.recoverCheckpoints(ctx)
 	return m, nil
 }
 
@@ -716,6 +723,7 @@ func Teardown(ctx context.Context, dataDir, runtimeBinary string) error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, m.snaps.store.RemoveAll())
 	errs = append(errs, m.Close())
 	if err := errors.Join(errs...); err != nil {
 		return err

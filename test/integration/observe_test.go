@@ -76,7 +76,10 @@ func TestObserveProcessTreeMatchesStrace(t *testing.T) {
 		t.Fatalf("workload: %s", &res)
 	}
 	// The same script under strace, in the same jail.
-	st := d.shAs(t, j.ID, "", "strace -f -q -s 4096 -e trace=process -o /tmp/strace.out sh -c "+shellQuote(script)+"; cat /tmp/strace.out")
+	// -ff writes one file per process, so no line is split by another
+	// process's ("<unfinished ...>"); each line gets its pid back here.
+	st := d.shAs(t, j.ID, "", "mkdir -p /tmp/st && strace -ff -q -s 4096 -e trace=process -o /tmp/st/t sh -c "+shellQuote(script)+
+		`; for f in /tmp/st/t.*; do sed "s/^/${f##*.} /" "$f"; done`)
 	if st.ExitCode != 0 {
 		t.Fatalf("strace run: %s", &st)
 	}

@@ -37,6 +37,8 @@ type Service struct {
 	next  int
 	// Stops records the grace of every Stop call, in order.
 	Stops []time.Duration
+	// snaps holds the snapshots (snapshots.go), by id.
+	snaps map[string]*fakeSnapshot
 	// recordings are those added with AddRecording, by id.
 	recordings map[string]fakeRecording
 }
