@@ -18,7 +18,14 @@ awk '
 	}
 	n++
 	if ("ms" in m) {
-		line[n] = sprintf("%-24s %12s %12s %8s %12s", name, m["ms"] " ms", m["ref-ms"] " ms", m["x-ref"] "x", m["target-ms"] " ms")
+		target = ("target-ms" in m) ? m["target-ms"] " ms" : m["target-x"] "x"
+		line[n] = sprintf("%-24s %12s %12s %8s %12s", name, m["ms"] " ms", m["ref-ms"] " ms", m["x-ref"] "x", target)
+		k = split(order, units, " ")
+		for (u = 1; u <= k; u++) {
+			if (units[u] !~ /^(ms|ref-ms|x-ref|target-ms|target-x|ns\/op)$/) {
+				line[n] = line[n] sprintf("  %s=%s", units[u], m[units[u]])
+			}
+		}
 	} else {
 		k = split(order, units, " ")
 		extra = ""
@@ -33,7 +40,7 @@ END {
 		print "benchtable: no benchmark results on stdin" > "/dev/stderr"
 		exit 1
 	}
-	printf "\n%-24s %12s %12s %8s %12s\n", "benchmark (median)", "agentjail", "raw runc", "ratio", "target"
+	printf "\n%-24s %12s %12s %8s %12s\n", "benchmark (median)", "agentjail", "reference", "ratio", "target"
 	for (i = 1; i <= n; i++) {
 		print line[i]
 	}

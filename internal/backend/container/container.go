@@ -88,11 +88,11 @@ func New(opts Options) (*Backend, error) {
 		swap:    cgroups.SwapAccounting(),
 	}
 	b.caps = backend.Capabilities{
-		Level:            config.LevelContainer,
-		Runtime:          version,
-		NetworkModes:     []string{config.NetIsolated, config.NetNone, config.NetBridge},
-		DiskLimit:        true,
-		UserNamespaces:   true,
+		Level:          config.LevelContainer,
+		Runtime:        version,
+		NetworkModes:   []string{config.NetIsolated, config.NetNone, config.NetBridge},
+		DiskLimit:      true,
+		UserNamespaces: true,
 	}
 	// Process checkpoints (checkpoint.go) need a working CRIU.
 	b.criu, b.caps.CheckpointReason = probeCheckpoint()

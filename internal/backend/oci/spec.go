@@ -48,7 +48,6 @@ const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 // Commands do not inherit it: init builds their environment itself.
 var initEnv = []string{DefaultPath, "GOMAXPROCS=1", "GOGC=50"}
 
-
 // OOMScoreAdj is the oom_score_adj of every jail process: positive, so that
 // on host-wide memory pressure the kernel picks jail processes before the
 // daemon (which keeps the default 0).
