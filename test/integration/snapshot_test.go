@@ -1,0 +1,370 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The wire types of snapshots, spelled out from the documented contract.
+
+type snapshotInfo struct {
+	ID           string  `json:"id"`
+	Name         string  `json:"name"`
+	JailID       string  `json:"jail_id"`
+	Mode         string  `json:"mode"`
+	DiskBytes    int64   `json:"disk_bytes"`
+	ProcessBytes int64   `json:"process_bytes"`
+	DurationMs   float64 `json:"duration_ms"`
+	FrozenMs     float64 `json:"frozen_ms"`
+}
+
+type lineage struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id"`
+}
+
+type fsChange struct {
+	Path string `json:"path"`
+	Kind string `json:"kind"`
+	Type string `json:"type"`
+	Diff string `json:"diff"`
+}
+
+type fsDiff struct {
+	Changes []fsChange `json:"changes"`
+}
+
+// Jail processes are started as root in their own session (setsid -f):
+// CRIU reads every process's rlimits with prlimit(2), which needs
+// CAP_SYS_RESOURCE for processes of another uid, and root lacks it on
+// these hosts; and CRIU cannot restore a process whose session leader
+// exited while it has children of its own.
+const counterScript = `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null`
+
+func snapJail(t *testing.T, d *daemon) jailInfo {
+	t.Helper()
+	return d.createJail(t, map[string]any{"isolation": map[string]any{"network": map[string]any{"mode": "none"}}})
+}
+
+func (d *daemon) takeSnapshot(t testing.TB, id, mode string) snapshotInfo {
+	t.Helper()
+	var s snapshotInfo
+	d.api.want(t, http.StatusCreated, "POST", "/jails/"+id+"/snapshot", map[string]any{"mode": mode}, &s)
+	t.Cleanup(func() {
+		if r, err := d.api.send("DELETE", "/snapshots/"+s.ID, nil); err == nil && r.status != http.StatusNoContent && r.status != http.StatusNotFound {
+			t.Errorf("DELETE /snapshots/%s: %s", s.ID, r)
+		}
+	})
+	return s
+}
+
+func (d *daemon) restoreSnapshot(t testing.TB, sid string) jailInfo {
+	t.Helper()
+	var j jailInfo
+	d.api.want(t, http.StatusCreated, "POST", "/snapshots/"+sid+"/restore", map[string]any{"name": uniqueName(t)}, &j)
+	t.Cleanup(func() { d.destroy(t, j.ID) })
+	return j
+}
+
+func (d *daemon) branch(t testing.TB, sid string, n int) []jailInfo {
+	t.Helper()
+	var out struct {
+		Jails []jailInfo `json:"jails"`
+	}
+	d.api.want(t, http.StatusCreated, "POST", "/snapshots/"+sid+"/branch", map[string]any{"count": n, "name_prefix": uniqueName(t)}, &out)
+	for _, j := range out.Jails {
+		t.Cleanup(func() { d.destroy(t, j.ID) })
+	}
+	if len(out.Jails) != n {
+		t.Fatalf("branch: want %d jails, got %d", n, len(out.Jails))
+	}
+	return out.Jails
+}
+
+// count reads the counter of a jail.
+func (d *daemon) count(t testing.TB, id string) int {
+	t.Helper()
+	out := d.shAs(t, id, "root", "cat /workspace/count")
+	n, err := strconv.Atoi(strings.TrimSpace(out.Stdout))
+	if err != nil {
+		t.Fatalf("jail %s: counter %q: %v (%s)", id, out.Stdout, err, &out)
+	}
+	return n
+}
+
+// waitCounting waits until the jail's counter exceeds after.
+func (d *daemon) waitCounting(t testing.TB, id string, after int) int {
+	t.Helper()
+	var n int
+	err := waitFor(10*time.Second, func() error {
+		n = d.count(t, id)
+		if n > after {
+			return nil
+		}
+		return fmt.Errorf("counter of %s stays at %d", id, n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func changed(d fsDiff, kind, path string) bool {
+	for _, c := range d.Changes {
+		if c.Kind == kind && c.Path == path {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSnapshotCounterRestoreAndBranches(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	if res := d.shAs(t, j.ID, "root", counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: %s", &res)
+	}
+	before := d.waitCounting(t, j.ID, 3)
+	snap := d.takeSnapshot(t, j.ID, "full")
+	if snap.Mode != "full" || snap.ProcessBytes == 0 || snap.DiskBytes == 0 {
+		t.Fatalf("snapshot record: %+v", snap)
+	}
+	t.Logf("snapshot: %.0f ms, frozen %.0f ms, %d bytes of process images", snap.DurationMs, snap.FrozenMs, snap.ProcessBytes)
+
+	r := d.restoreSnapshot(t, snap.ID)
+	if got := d.getJail(t, r.ID); got.Status != "running" {
+		t.Fatalf("restored jail: %+v", got)
+	}
+	var parent struct {
+		Parent *lineage `json:"parent"`
+	}
+	d.api.want(t, http.StatusOK, "GET", "/jails/"+r.ID, nil, &parent)
+	if parent.Parent == nil || parent.Parent.Kind != "snapshot" || parent.Parent.ID != snap.ID {
+		t.Fatalf("restored jail's parent: %+v", parent.Parent)
+	}
+	first := d.count(t, r.ID)
+	if first < before {
+		t.Fatalf("restored counter %d is below the value before the snapshot (%d): it did not continue", first, before)
+	}
+	d.waitCounting(t, r.ID, first)
+
+	// Three branches count on their own while the original keeps counting.
+	bs := d.branch(t, snap.ID, 3)
+	orig := d.count(t, j.ID)
+	for _, b := range bs {
+		d.waitCounting(t, b.ID, d.count(t, b.ID))
+	}
+	d.waitCounting(t, j.ID, orig)
+	d.mustSh(t, bs[0].ID, "echo only-here > /workspace/marker")
+	for _, other := range []string{bs[1].ID, bs[2].ID, j.ID} {
+		if res := d.shAs(t, other, "", "test ! -e /workspace/marker"); res.ExitCode != 0 {
+			t.Fatalf("the marker written in branch %s shows in %s", bs[0].ID, other)
+		}
+	}
+	var df fsDiff
+	d.api.want(t, http.StatusOK, "GET", "/diff?from="+bs[1].ID+"&to="+bs[0].ID+"&text=true", nil, &df)
+	for _, c := range df.Changes {
+		switch {
+		case c.Path == "/workspace/marker" && c.Kind == "added":
+			if !strings.Contains(c.Diff, "+only-here") {
+				t.Errorf("text diff of the marker: %q", c.Diff)
+			}
+		case c.Path == "/workspace/count" && c.Kind == "modified":
+		default:
+			t.Errorf("unexpected change between branches: %+v", c)
+		}
+	}
+	if !changed(df, "added", "/workspace/marker") {
+		t.Fatalf("diff between branches lacks the marker: %+v", df)
+	}
+	var sd fsDiff
+	d.api.want(t, http.StatusOK, "GET", "/snapshots/"+snap.ID+"/diff", nil, &sd)
+	if changed(sd, "added", "/workspace/marker") {
+		t.Fatalf("the original's diff shows a branch's marker: %+v", sd)
+	}
+}
+
+func TestSnapshotPythonStateFdAndChildren(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	script := `
+import os, time
+log = open("/workspace/log", "a")
+child = os.fork()
+if child == 0:
+    while True:
+        time.sleep(0.05)
+state = {}
+i = 0
+while True:
+    i += 1
+    state[i] = i * i
+    log.write("%d %d %d\n" % (len(state), sum(state.values()), child))
+    log.flush()
+    time.sleep(0.05)
+`
+	d.putFile(t, j.ID, "/workspace/state.py", []byte(script))
+	if res := d.shAs(t, j.ID, "root", `setsid -f python3 /workspace/state.py >/dev/null 2>&1 </dev/null`); res.ExitCode != 0 {
+		t.Fatalf("starting python: %s", &res)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		out := d.shAs(t, j.ID, "root", "wc -l < /workspace/log")
+		if n, _ := strconv.Atoi(strings.TrimSpace(out.Stdout)); n < 5 {
+			return fmt.Errorf("log has %q lines", out.Stdout)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	snap := d.takeSnapshot(t, j.ID, "full")
+	r := d.restoreSnapshot(t, snap.ID)
+	// The restored process appends to the same (copied) file through its
+	// restored descriptor: every line continues the state exactly.
+	var lines []string
+	if err := waitFor(10*time.Second, func() error {
+		out := d.mustSh(t, r.ID, "cat /workspace/log")
+		lines = strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) < 10 {
+			return fmt.Errorf("restored log has %d lines", len(lines))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	child := ""
+	for i, l := range lines {
+		f := strings.Fields(l)
+		n, _ := strconv.Atoi(f[0])
+		sum, _ := strconv.Atoi(f[1])
+		if n != i+1 || sum != n*(n+1)*(2*n+1)/6 {
+			t.Fatalf("line %d of the restored log is %q: the state did not continue", i+1, l)
+		}
+		if child == "" {
+			child = f[2]
+		} else if f[2] != child {
+			t.Fatalf("child pid changed in line %d: %q", i+1, l)
+		}
+	}
+	if res := d.shAs(t, r.ID, "root", "kill -0 "+child); res.ExitCode != 0 {
+		t.Fatalf("the child process (pid %s) did not survive the restore: %s", child, &res)
+	}
+}
+
+func TestSnapshotUnderLoadIsConsistent(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	// A busy writer: every number once, in order, as fast as it can.
+	if res := d.shAs(t, j.ID, "root", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i >> /workspace/seq; done' >/dev/null 2>&1 </dev/null`); res.ExitCode != 0 {
+		t.Fatalf("starting the writer: %s", &res)
+	}
+	d.waitCounting(t, j.ID, -1)
+	snap := d.takeSnapshot(t, j.ID, "full")
+	r := d.restoreSnapshot(t, snap.ID)
+	if err := waitFor(10*time.Second, func() error {
+		// The restored writer carries on from its own number: the file
+		// has neither a gap nor a repeat where the snapshot was taken.
+		out := d.mustSh(t, r.ID, `awk 'NR != $1 { print "line " NR ": " $0; exit 1 } END { print NR }' /workspace/seq`)
+		n, err := strconv.Atoi(strings.TrimSpace(out))
+		if err != nil {
+			t.Fatalf("restored file disagrees with the restored process: %s", out)
+		}
+		if n < 100 {
+			return fmt.Errorf("only %d lines", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (d *daemon) counterAsJailUser(t *testing.T) jailInfo {
+	t.Helper()
+	j := snapJail(t, d)
+	d.mustSh(t, j.ID, counterScript)
+	d.waitCounting(t, j.ID, 0)
+	return j
+}
+
+func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
+	d := shared(t)
+	// A process of another uid than init: CRIU cannot read its rlimits
+	// without CAP_SYS_RESOURCE, which root lacks here.
+	j := d.counterAsJailUser(t)
+	r := d.api.do(t, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{})
+	if r.status == http.StatusCreated {
+		var s snapshotInfo
+		_ = json.Unmarshal(r.body, &s)
+		d.api.do(t, "DELETE", "/snapshots/"+s.ID, nil)
+		t.Skip("CRIU dumps processes of other uids on this host")
+	}
+	if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "pid ") {
+		t.Fatalf("want 422 naming the process, got %s", r)
+	}
+	t.Logf("error: %s", r.errorMessage())
+	if got := d.getJail(t, j.ID); got.Status != "running" {
+		t.Fatalf("jail after a failed snapshot: %+v", got)
+	}
+	d.waitCounting(t, j.ID, d.count(t, j.ID))
+}
+
+func TestSnapshotFSOnly(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	d.mustSh(t, j.ID, "echo one > /workspace/a; mkdir /workspace/dir; echo x > /workspace/dir/f")
+	snap := d.takeSnapshot(t, j.ID, "fs")
+	if snap.ProcessBytes != 0 {
+		t.Fatalf("fs snapshot has process images: %+v", snap)
+	}
+	d.mustSh(t, j.ID, "echo two >> /workspace/a; rm -r /workspace/dir; echo b > /workspace/b")
+	var df fsDiff
+	d.api.want(t, http.StatusOK, "GET", "/snapshots/"+snap.ID+"/diff", nil, &df)
+	want := []fsChange{{Path: "/workspace/a", Kind: "modified"}, {Path: "/workspace/b", Kind: "added"}, {Path: "/workspace/dir", Kind: "deleted"}}
+	if len(df.Changes) != len(want) {
+		t.Fatalf("diff: want %v, got %+v", want, df.Changes)
+	}
+	for i, w := range want {
+		if df.Changes[i].Path != w.Path || df.Changes[i].Kind != w.Kind {
+			t.Fatalf("diff change %d: want %v, got %+v", i, w, df.Changes[i])
+		}
+	}
+	r := d.restoreSnapshot(t, snap.ID)
+	if out := d.mustSh(t, r.ID, "cat /workspace/a /workspace/dir/f; test ! -e /workspace/b && echo nob"); out != "one\nx\nnob\n" {
+		t.Fatalf("restored fs snapshot holds %q", out)
+	}
+}
+
+func TestSnapshotDeleteLeavesNothing(t *testing.T) {
+	d := newDaemon(t)
+	j := snapJail(t, d)
+	d.shAs(t, j.ID, "root", counterScript)
+	d.waitCounting(t, j.ID, 0)
+	var s snapshotInfo
+	d.api.want(t, http.StatusCreated, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{}, &s)
+	var r jailInfo
+	d.api.want(t, http.StatusCreated, "POST", "/snapshots/"+s.ID+"/restore", map[string]any{}, &r)
+	// The snapshot survives its jail.
+	d.api.want(t, http.StatusNoContent, "DELETE", "/jails/"+j.ID, nil, nil)
+	d.api.want(t, http.StatusOK, "GET", "/snapshots/"+s.ID, nil, nil)
+	d.api.want(t, http.StatusNoContent, "DELETE", "/jails/"+r.ID, nil, nil)
+	d.api.want(t, http.StatusNoContent, "DELETE", "/snapshots/"+s.ID, nil, nil)
+	d.api.want(t, http.StatusNotFound, "GET", "/snapshots/"+s.ID, nil, nil)
+	for _, dir := range []string{filepath.Join(d.dir, "snapshots"), filepath.Join(d.dir, "pool", "snapshots"), filepath.Join(d.dir, "jails")} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 0 {
+			t.Errorf("%s still holds %d entries (%s)", dir, len(entries), entries[0].Name())
+		}
+	}
+	if left := d.leftovers(); len(left) != 0 {
+		t.Errorf("left behind while the daemon runs: %v", left)
+	}
+}
