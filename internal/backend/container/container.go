@@ -202,6 +202,35 @@ func (b *Backend) seedUpper(inst backend.Instance, lower string, p paths) error 
 			}
 		}
 	}
+	if shift != 0 {
+		// Root's and the user's homes belong to the mapped ids, so the
+		// jail's root and user can write them (the lower tree's are owned
+		// by the host's root, which the jail sees as nobody).
+		homes := []struct {
+			dir      string
+			uid, gid int
+			mode     os.FileMode
+		}{{"root", shift, shift, 0o700}, {"home", shift, shift, 0o755}}
+		if home := homeOf(lower, cfg.Isolation.Process.User); home != "" && home != "/root" {
+			homes = append(homes, struct {
+				dir      string
+				uid, gid int
+				mode     os.FileMode
+			}{strings.TrimPrefix(home, "/"), shift + uid, shift + gid, 0o750})
+		}
+		for _, h := range homes {
+			d := filepath.Join(p.upper, h.dir)
+			if err := os.MkdirAll(d, h.mode); err != nil {
+				return fmt.Errorf("jail home %s: %w", h.dir, err)
+			}
+			if err := os.Chmod(d, h.mode); err != nil {
+				return fmt.Errorf("jail home %s: %w", h.dir, err)
+			}
+			if err := os.Chown(d, h.uid, h.gid); err != nil {
+				return fmt.Errorf("jail home %s: %w", h.dir, err)
+			}
+		}
+	}
 	ws := cfg.Isolation.Filesystem.WorkspaceRoot
 	if _, err := os.Lstat(filepath.Join(lower, ws)); err == nil && shift == 0 {
 		return nil
@@ -239,6 +268,24 @@ func checkHostInputs(cfg *config.Config, lower string) error {
 		}
 	}
 	return nil
+}
+
+// homeOf returns the home directory of user in lower/etc/passwd ("" when
+// it has no entry).
+func homeOf(lower, user string) string {
+	f, err := os.Open(filepath.Join(lower, "etc", "passwd"))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Split(sc.Text(), ":")
+		if len(fields) >= 6 && (fields[0] == user || fields[2] == user) {
+			return fields[5]
+		}
+	}
+	return ""
 }
 
 // lookupUser resolves a user name or uid against lower/etc/passwd; an
@@ -315,7 +362,15 @@ func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(p.control, initproto.ConfigName), data, 0o600)
+	path := filepath.Join(p.control, initproto.ConfigName)
+	if err := writeFileAtomic(path, data, 0o600); err != nil {
+		return err
+	}
+	if userns(inst.Config) {
+		// The jail's root is an unprivileged host uid: hand it its config.
+		return os.Chown(path, UIDMapBase, UIDMapBase)
+	}
+	return nil
 }
 
 func (b *Backend) writeBundle(inst backend.Instance, p paths, hostNet bool) error {
