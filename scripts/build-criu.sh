@@ -6,8 +6,13 @@
 # needs a newer libc, so this script builds CRIU 4.1.1 from trixie's source
 # package against bookworm's libraries.
 #
-# Idempotent: it does nothing when a criu >= 4.1 is on PATH and `criu check`
-# passes. Run as root. Environment:
+# The build carries agentjail's patches (scripts/criu-*.patch): a root
+# without CAP_SYS_RESOURCE, as on these machines, cannot read the rlimits of
+# another uid's process with prlimit64(), so CRIU falls back to
+# /proc/PID/limits. A marker next to the binary records the patches built in.
+#
+# Idempotent: it does nothing when a criu >= 4.1 built with the current
+# patches is installed and `criu check` passes. Run as root. Environment:
 #   CRIU_VERSION   upstream version to build (default 4.1.1)
 #   CRIU_PREFIX    install directory of the binary (default /usr/local/sbin)
 set -euo pipefail
@@ -18,10 +23,13 @@ MIN_MAJOR=4
 MIN_MINOR=1
 MIRROR=http://deb.debian.org/debian
 SOURCES_FILE=/etc/apt/sources.list.d/agentjail-trixie-src.sources
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PATCHES=("$HERE"/criu-*.patch)
+MARKER="$CRIU_PREFIX/criu.agentjail-patches"
 BUILD_DEPS=(libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
 	python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev libnftables-dev
 	libgnutls28-dev libaio-dev uuid-dev pkg-config gcc make xz-utils dpkg-dev curl
-	ca-certificates iptables)
+	ca-certificates iptables patch)
 
 # The installed binary must win over Debian's /usr/sbin/criu.
 export PATH="$CRIU_PREFIX:$PATH"
@@ -52,8 +60,15 @@ criu_ok() {
 		log "criu $ver at $(command -v criu) fails 'criu check'"
 		return 1
 	fi
+	if [ "$(cat "$MARKER" 2>/dev/null)" != "$(patches_sum)" ]; then
+		log "criu $ver at $(command -v criu) was not built with the current patches"
+		return 1
+	fi
 	return 0
 }
+
+# patches_sum identifies the set of patches the build applies.
+patches_sum() { cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1; }
 
 # missing_pkgs prints the packages of "$@" that are not installed.
 missing_pkgs() {
@@ -133,12 +148,18 @@ main() {
 	WORK=$(mktemp -d /var/tmp/agentjail-criu.XXXXXX)
 	trap 'rm -rf "$WORK"' EXIT
 	fetch_source "$WORK"
+	local p
+	for p in "${PATCHES[@]}"; do
+		log "applying $(basename "$p")"
+		patch -d "$WORK/src" -p1 --quiet <"$p" || die "$(basename "$p") does not apply"
+	done
 	log "building criu $CRIU_VERSION (make criu)"
 	make -C "$WORK/src" -j"$(nproc)" criu >"$WORK/build.log" 2>&1 || {
 		tail -n 40 "$WORK/build.log" >&2
 		die "make criu failed"
 	}
 	install -D -m 0755 "$WORK/src/criu/criu" "$CRIU_PREFIX/criu"
+	patches_sum >"$MARKER"
 	hash -r
 	criu_ok || die "the built criu at $CRIU_PREFIX/criu does not pass 'criu check'"
 	log "installed criu $CRIU_VERSION at $CRIU_PREFIX/criu in $((SECONDS - start)) s"

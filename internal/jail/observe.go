@@ -24,8 +24,13 @@ import (
 )
 
 // busCapacity is how many recent events a jail's live stream keeps for
-// late-joining clients.
-const busCapacity = 1 << 16
+// late-joining clients (about 600 bytes each, allocated per running jail;
+// the JSONL files keep everything).
+const busCapacity = 4096
+
+// writerOptions size a jail's JSONL buffers: 4 streams × 64 KiB while idle,
+// at most 4 MiB queued for the disk during a burst.
+var writerOptions = observe.WriterOptions{ChunkBytes: 64 << 10, QueueChunks: 64}
 
 // observation is the record of one run of a jail: its JSONL files, its
 // live stream and the aggregates the report is made of. The tracer's
@@ -68,7 +73,7 @@ func (o *observation) Idle() {
 func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 	j := e.snapshot()
 	dir := filepath.Join(e.dir, "events")
-	w, err := observe.OpenWriter(dir, observe.WriterOptions{})
+	w, err := observe.OpenWriter(dir, writerOptions)
 	if err != nil {
 		return fmt.Errorf("event files: %w", err)
 	}
