@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -41,16 +40,14 @@ type fsDiff struct {
 	Changes []fsChange `json:"changes"`
 }
 
-// Jail processes are started as root in their own session (setsid -f):
-// CRIU reads every process's rlimits with prlimit(2), which needs
-// CAP_SYS_RESOURCE for processes of another uid, and root lacks it on
-// these hosts; and CRIU cannot restore a process whose session leader
-// exited while it has children of its own.
+// Jail processes run as the jail's user in their own session (setsid -f):
+// CRIU cannot restore a process whose session leader exited while it has
+// children of its own.
 const counterScript = `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null`
 
 func snapJail(t *testing.T, d *daemon) jailInfo {
 	t.Helper()
-	return d.createJail(t, map[string]any{"isolation": map[string]any{"network": map[string]any{"mode": "none"}}})
+	return d.createJail(t, nil)
 }
 
 func (d *daemon) takeSnapshot(t testing.TB, id, mode string) snapshotInfo {
@@ -132,7 +129,7 @@ func changed(d fsDiff, kind, path string) bool {
 func TestSnapshotCounterRestoreAndBranches(t *testing.T) {
 	d := shared(t)
 	j := snapJail(t, d)
-	if res := d.shAs(t, j.ID, "root", counterScript); res.ExitCode != 0 {
+	if res := d.shAs(t, j.ID, "", counterScript); res.ExitCode != 0 {
 		t.Fatalf("starting the counter: %s", &res)
 	}
 	before := d.waitCounting(t, j.ID, 3)
@@ -215,7 +212,7 @@ while True:
     time.sleep(0.05)
 `
 	d.putFile(t, j.ID, "/workspace/state.py", []byte(script))
-	if res := d.shAs(t, j.ID, "root", `setsid -f python3 /workspace/state.py >/dev/null 2>&1 </dev/null`); res.ExitCode != 0 {
+	if res := d.shAs(t, j.ID, "", `setsid -f python3 /workspace/state.py >/dev/null 2>&1 </dev/null`); res.ExitCode != 0 {
 		t.Fatalf("starting python: %s", &res)
 	}
 	if err := waitFor(10*time.Second, func() error {
@@ -265,7 +262,7 @@ func TestSnapshotUnderLoadIsConsistent(t *testing.T) {
 	d := shared(t)
 	j := snapJail(t, d)
 	// A busy writer: every number once, in order, as fast as it can.
-	if res := d.shAs(t, j.ID, "root", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i >> /workspace/seq; done' >/dev/null 2>&1 </dev/null`); res.ExitCode != 0 {
+	if res := d.shAs(t, j.ID, "", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i >> /workspace/seq; done' >/dev/null 2>&1 </dev/null`); res.ExitCode != 0 {
 		t.Fatalf("starting the writer: %s", &res)
 	}
 	if err := waitFor(10*time.Second, func() error {
@@ -295,26 +292,27 @@ func TestSnapshotUnderLoadIsConsistent(t *testing.T) {
 	}
 }
 
-func (d *daemon) counterAsJailUser(t *testing.T) jailInfo {
-	t.Helper()
-	j := snapJail(t, d)
-	d.mustSh(t, j.ID, counterScript)
-	d.waitCounting(t, j.ID, 0)
-	return j
-}
-
 func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	d := shared(t)
-	// A process of another uid than init: CRIU cannot read its rlimits
-	// without CAP_SYS_RESOURCE, which root lacks here.
-	j := d.counterAsJailUser(t)
-	r := d.api.do(t, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{})
-	if r.status == http.StatusCreated {
-		var s snapshotInfo
-		_ = json.Unmarshal(r.body, &s)
-		d.api.do(t, "DELETE", "/snapshots/"+s.ID, nil)
-		t.Skip("CRIU dumps processes of other uids on this host")
+	j := snapJail(t, d)
+	if res := d.shAs(t, j.ID, "", counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: %s", &res)
 	}
+	// A process already traced by another (strace): CRIU cannot seize it.
+	holder := `setsid -f strace -o /dev/null sleep 3600 >/dev/null 2>&1 </dev/null`
+	if res := d.shAs(t, j.ID, "", holder); res.ExitCode != 0 {
+		t.Fatalf("starting the traced process: %s", &res)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		if res := d.shAs(t, j.ID, "", "pgrep -f '^sleep 3600$'"); res.ExitCode != 0 {
+			return fmt.Errorf("traced sleep not running yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before := d.waitCounting(t, j.ID, 0)
+	r := d.api.do(t, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{})
 	if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "pid ") {
 		t.Fatalf("want 422 naming the process, got %s", r)
 	}
@@ -322,7 +320,7 @@ func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	if got := d.getJail(t, j.ID); got.Status != "running" {
 		t.Fatalf("jail after a failed snapshot: %+v", got)
 	}
-	d.waitCounting(t, j.ID, d.waitCounting(t, j.ID, 0))
+	d.waitCounting(t, j.ID, before)
 }
 
 func TestSnapshotFSOnly(t *testing.T) {
@@ -354,7 +352,7 @@ func TestSnapshotFSOnly(t *testing.T) {
 func TestSnapshotDeleteLeavesNothing(t *testing.T) {
 	d := newDaemon(t)
 	j := snapJail(t, d)
-	d.shAs(t, j.ID, "root", counterScript)
+	d.shAs(t, j.ID, "", counterScript)
 	d.waitCounting(t, j.ID, 0)
 	var s snapshotInfo
 	d.api.want(t, http.StatusCreated, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{}, &s)

@@ -332,7 +332,7 @@ func cloneFile(src, dst string) (err error) {
 // dumpErrorRE finds CRIU's error lines; pidRE the pids they name.
 var (
 	dumpErrorRE = regexp.MustCompile(`Error \([^)]*\): (.*)$`)
-	pidRE       = regexp.MustCompile(`\(pid:? (\d+)\)|\bpid (\d+)\b|\b(\d+)'s\b`)
+	pidRE       = regexp.MustCompile(`\(pid:? (\d+)\)|\bpid (\d+)\b|\b(\d+)'s\b|\bzombie (\d+)\b|\bfrom (\d+):`)
 )
 
 // dumpError turns a failed dump into an error that names what could not
