@@ -3,27 +3,29 @@ module github.com/agentjail/agentjail
 go 1.26.0
 
 require (
-	github.com/cilium/ebpf v0.22.0 // indirect
-	github.com/coder/websocket v1.8.15 // indirect
+	github.com/cilium/ebpf v0.22.0
+	github.com/coder/websocket v1.8.15
+	github.com/containerd/go-runc v1.2.1
+	github.com/google/nftables v0.3.0
+	github.com/gopacket/gopacket v1.6.0
+	github.com/klauspost/compress v1.20.3
+	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42
+	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/spf13/cobra v1.10.2
+	github.com/spf13/pflag v1.0.10
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
+	golang.org/x/net v0.48.0
+	golang.org/x/sys v0.49.0
+	golang.org/x/term v0.47.0
+	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
 	github.com/containerd/console v1.0.5 // indirect
-	github.com/containerd/go-runc v1.2.1 // indirect
-	github.com/creack/pty v1.1.24 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/google/nftables v0.3.0 // indirect
-	github.com/gopacket/gopacket v1.6.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/klauspost/compress v1.20.3 // indirect
-	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42 // indirect
 	github.com/mdlayher/socket v0.5.1 // indirect
-	github.com/opencontainers/runtime-spec v1.3.0 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
-	github.com/spf13/pflag v1.0.10 // indirect
-	github.com/vishvananda/netlink v1.3.1 // indirect
-	github.com/vishvananda/netns v0.0.5 // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
-	golang.org/x/net v0.48.0 // indirect
 	golang.org/x/sync v0.20.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
-	golang.org/x/term v0.47.0 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
