@@ -1,0 +1,106 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Snapshot benchmarks: a small idle jail (a counter loop) and one with
+// 256 MB resident (a python process holding it). Each iteration takes a
+// full snapshot, restores it, deletes both; branch ×10 and the fs-only
+// snapshot are measured once per benchmark. Targets: snapshot ≤ 250 ms,
+// frozen ≤ 150 ms, restore ≤ 250 ms, branch ×10 ≤ 2 s, fs-only of an
+// unchanged jail ≤ 50 ms with ≈ 0 extra disk.
+
+func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
+	d := shared(b)
+	j := d.createJail(b, map[string]any{"isolation": map[string]any{"resources": map[string]any{"memory_bytes": 1 << 30}}})
+	if res := d.shAs(b, j.ID, "", counterScript); res.ExitCode != 0 {
+		b.Fatalf("counter: %s", &res)
+	}
+	if resident != "" {
+		if res := d.shAs(b, j.ID, "", resident); res.ExitCode != 0 {
+			b.Fatalf("resident memory: %s", &res)
+		}
+	}
+	if err := waitFor(time.Minute, func() error {
+		if st := d.getJail(b, j.ID).Stats; st == nil || st.MemoryBytes < wantMem {
+			return fmt.Errorf("jail memory below %d bytes", wantMem)
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	d.waitCounting(b, j.ID, 0)
+	var snap, frozen, restore []time.Duration
+	var procBytes int64
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		var s snapshotInfo
+		d.api.want(b, http.StatusCreated, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{}, &s)
+		snap = append(snap, time.Since(start))
+		frozen = append(frozen, time.Duration(s.FrozenMs*float64(time.Millisecond)))
+		procBytes = s.ProcessBytes
+		start = time.Now()
+		var r jailInfo
+		d.api.want(b, http.StatusCreated, "POST", "/snapshots/"+s.ID+"/restore", map[string]any{}, &r)
+		restore = append(restore, time.Since(start))
+		b.StopTimer()
+		d.destroy(b, r.ID)
+		d.api.want(b, http.StatusNoContent, "DELETE", "/snapshots/"+s.ID, nil, nil)
+		b.StartTimer()
+	}
+	b.StopTimer()
+
+	// Branch ×10 from one snapshot.
+	var s snapshotInfo
+	d.api.want(b, http.StatusCreated, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{}, &s)
+	start := time.Now()
+	var out struct {
+		Jails []jailInfo `json:"jails"`
+	}
+	d.api.want(b, http.StatusCreated, "POST", "/snapshots/"+s.ID+"/branch", map[string]any{"count": 10}, &out)
+	branch10 := time.Since(start)
+	for _, bj := range out.Jails {
+		d.destroy(b, bj.ID)
+	}
+	d.api.want(b, http.StatusNoContent, "DELETE", "/snapshots/"+s.ID, nil, nil)
+
+	// An fs-only snapshot of the (unchanged) jail, and the pool's growth.
+	poolBefore := poolUsed(b, d)
+	start = time.Now()
+	d.api.want(b, http.StatusCreated, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{"mode": "fs"}, &s)
+	fsOnly := time.Since(start)
+	poolAfter := poolUsed(b, d)
+	d.api.want(b, http.StatusNoContent, "DELETE", "/snapshots/"+s.ID, nil, nil)
+
+	b.ReportMetric(ms(median(snap)), "snapshot-ms")
+	b.ReportMetric(ms(median(frozen)), "frozen-ms")
+	b.ReportMetric(ms(median(restore)), "restore-ms")
+	b.ReportMetric(ms(branch10), "branch10-ms")
+	b.ReportMetric(ms(fsOnly), "fs-only-ms")
+	b.ReportMetric(float64(poolAfter-poolBefore)/mib, "fs-only-extra-disk-MiB")
+	b.ReportMetric(float64(procBytes)/mib, "process-image-MiB")
+}
+
+// poolUsed is the storage pool's used bytes (statfs of DATA_DIR/pool).
+func poolUsed(b *testing.B, d *daemon) int64 {
+	b.Helper()
+	syscall.Sync() // btrfs accounts written blocks lazily
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(filepath.Join(d.dir, "pool"), &st); err != nil {
+		b.Fatal(err)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize
+}
+
+func BenchmarkSnapshotSmallJail(b *testing.B) { benchSnapshot(b, "", 0) }
+
+func BenchmarkSnapshot256MBJail(b *testing.B) {
+	benchSnapshot(b, `setsid -f python3 -c 'import time; b=bytearray(256<<20); b[::4096]=b"x"*(len(b)//4096); time.sleep(3600)' >/dev/null 2>&1 </dev/null`, 256<<20)
+}
