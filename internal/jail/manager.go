@@ -169,6 +169,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		AllowHostMode: opts.AllowHostNetwork,
 		Resolver:      hostsResolver{hosts: opts.Hosts},
 		Record:        m.recordNet,
+		Owner:         m.socketOwner,
 		Log:           m.log,
 	})
 	if err != nil {

@@ -95,6 +95,11 @@ type Options struct {
 	// UpstreamRoots verifies upstream servers of inspected TLS
 	// connections (default: the system roots).
 	UpstreamRoots *x509.CertPool
+	// Owner, when set, names the process in the jail that owns the socket
+	// with local address src (proto "tcp" or "udp"): its pid as seen in
+	// the jail and its comm (0, "" when unknown). It is asked when a
+	// connection reaches the daemon and when a record has no owner yet.
+	Owner func(jailID, proto string, src netip.AddrPort) (pid int, comm string)
 	// Record receives every connection attempt, DNS answer and HTTP
 	// request, allowed or refused. It is called from many goroutines and
 	// must not block for long.

@@ -41,6 +41,9 @@ type connInfo struct {
 	tlsPort   int
 	src       string
 	handshake time.Time
+	// pid and comm own the jail's end of the connection (0, "" unknown).
+	pid  int
+	comm string
 }
 
 // clientConn is a connection from a jail, with what the daemon knows of it.
@@ -209,7 +212,11 @@ func (m *Manager) clientOf(c net.Conn, via string) *clientConn {
 		c.Close()
 		return nil
 	}
-	return &clientConn{Conn: c, r: c, info: &connInfo{js: js, via: via, src: ap.String()}}
+	info := &connInfo{js: js, via: via, src: ap.String()}
+	if m.o.Owner != nil {
+		info.pid, info.comm = m.o.Owner(js.id, "tcp", ap)
+	}
+	return &clientConn{Conn: c, r: c, info: info}
 }
 
 // originalDst returns the destination a redirected connection had.
@@ -325,7 +332,7 @@ type tunnelReply func(d Decision, verdict string, err error) error
 func (m *Manager) tunnel(cc *clientConn, host string, orig netip.Addr, port int, reply tunnelReply) {
 	js := cc.info.js
 	start := time.Now()
-	ev := ConnEvent{Via: cc.info.via, Proto: "tcp", Src: cc.info.src, Host: host, Port: port}
+	ev := ConnEvent{Via: cc.info.via, Proto: "tcp", Src: cc.info.src, Host: host, Port: port, Pid: cc.info.pid, Comm: cc.info.comm}
 	if orig.IsValid() {
 		ev.Dst = netip.AddrPortFrom(orig, uint16(port)).String()
 	}
@@ -441,7 +448,7 @@ func (m *Manager) inspectTLS(cc *clientConn, host string, port int) {
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
-		m.record(js.id, ConnEvent{Via: cc.info.via, Proto: "tls", Src: cc.info.src, Host: host, Port: port,
+		m.record(js.id, ConnEvent{Via: cc.info.via, Proto: "tls", Src: cc.info.src, Host: host, Port: port, Pid: cc.info.pid, Comm: cc.info.comm,
 			Verdict: VerdictError, Rule: "tls_inspection", Inspected: true,
 			Error: "TLS inspection: the client refused the daemon's certificate (does it trust the agentjail CA?): " + err.Error()})
 		tc.Close()
@@ -605,7 +612,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			port, _ = strconv.Atoi(p)
 		}
 	}
-	ev := ConnEvent{Via: via, Proto: scheme, Src: ci.src, Host: host, Port: port, Method: r.Method,
+	ev := ConnEvent{Via: via, Proto: scheme, Src: ci.src, Host: host, Port: port, Method: r.Method, Pid: ci.pid, Comm: ci.comm,
 		Path: r.URL.Path, Inspected: ci.tlsHost != ""}
 	finish := func(verdict, rule string, err error) {
 		ev.Verdict, ev.Rule, ev.DurNS = verdict, rule, time.Since(start).Nanoseconds()
@@ -716,7 +723,7 @@ func (m *Manager) serveConnect(w http.ResponseWriter, r *http.Request, ci *connI
 		b, _ := brw.Reader.Peek(n)
 		rd = io.MultiReader(bytes.NewReader(bytes.Clone(b)), cc.r)
 	}
-	tc := &clientConn{Conn: cc.Conn, r: rd, info: &connInfo{js: ci.js, via: ViaConnect, src: ci.src}}
+	tc := &clientConn{Conn: cc.Conn, r: rd, info: &connInfo{js: ci.js, via: ViaConnect, src: ci.src, pid: ci.pid, comm: ci.comm}}
 	host := strings.ToLower(strings.Trim(h, "[]"))
 	var addr netip.Addr
 	if a, err := netip.ParseAddr(host); err == nil {

@@ -1,6 +1,9 @@
 package netpolicy
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Verdicts of a ConnEvent.
 const (
@@ -62,6 +65,15 @@ func (m *Manager) record(jailID string, ev ConnEvent) {
 	}
 	if ev.Dir == "" {
 		ev.Dir = "egress"
+	}
+	if ev.Pid == 0 && m.o.Owner != nil && (ev.Dir == "egress" || ev.Dir == "inter_jail") {
+		proto := ev.Proto
+		if proto == "dns" {
+			proto = "udp"
+		}
+		if src, err := netip.ParseAddrPort(ev.Src); err == nil && (proto == "tcp" || proto == "udp") {
+			ev.Pid, ev.Comm = m.o.Owner(jailID, proto, src)
+		}
 	}
 	if m.o.Record != nil {
 		m.o.Record(jailID, ev)

@@ -342,3 +342,48 @@ func sse(tb testing.TB, ctx context.Context, d *daemon, path string) string {
 
 // shellQuote quotes s for sh.
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestNetworkRecordNamesTheProcess makes refused requests from a jail (a
+// name outside the default-deny policy through the proxy variables, and a
+// direct connection to an address) and checks each is in the network log
+// with its verdict; the proxied one names the process that made it (a
+// kernel-refused attempt names it only while its socket still exists when
+// the record is made: the syscall stream's connect event always does).
+func TestNetworkRecordNamesTheProcess(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	res := d.shAs(t, j.ID, "", `curl -s -m 5 -o /dev/null -w '%{http_code}' http://not-allowed.example/; echo; python3 -c '
+import socket
+s = socket.socket()
+s.settimeout(5)
+print(s.connect_ex(("192.0.2.10", 22)))'`)
+	lines := strings.Fields(res.Stdout)
+	if len(lines) != 2 || lines[0] != "403" || lines[1] == "0" {
+		t.Fatalf("refused requests: %s", &res)
+	}
+	var log struct{ body string }
+	r := d.api.do(t, "GET", "/jails/"+j.ID+"/network/log", nil)
+	log.body = string(r.body)
+	var sawCurl, sawPython bool
+	for _, line := range strings.Split(log.body, "\n") {
+		var ev struct {
+			Comm    string `json:"comm"`
+			Pid     int    `json:"pid"`
+			Host    string `json:"host"`
+			Dst     string `json:"dst"`
+			Verdict string `json:"verdict"`
+		}
+		if json.Unmarshal([]byte(line), &ev) != nil || ev.Verdict != "block" {
+			continue
+		}
+		if ev.Comm == "curl" && ev.Pid > 0 && ev.Host == "not-allowed.example" {
+			sawCurl = true
+		}
+		if strings.HasPrefix(ev.Dst, "192.0.2.10:22") {
+			sawPython = true
+		}
+	}
+	if !sawCurl || !sawPython {
+		t.Fatalf("network log lacks the refused requests (curl with its pid %v, direct connection %v):\n%s", sawCurl, sawPython, log.body)
+	}
+}

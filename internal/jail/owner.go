@@ -1,0 +1,118 @@
+package jail
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/agentjail/agentjail/internal/backend/container"
+	"github.com/agentjail/agentjail/internal/cgroups"
+)
+
+// socketOwner finds the process of a jail that owns the socket bound to
+// src: the socket's inode from the jail's own /proc/net table (seen
+// through its init), then the jail's processes holding that inode. It
+// returns the pid as seen in the jail and the comm, or 0, "".
+func (m *Manager) socketOwner(jailID, proto string, src netip.AddrPort) (int, string) {
+	m.mu.Lock()
+	e := m.jails[jailID]
+	m.mu.Unlock()
+	if e == nil {
+		return 0, ""
+	}
+	initPid := e.snapshot().Pid
+	if initPid == 0 {
+		return 0, ""
+	}
+	inode := socketInode(initPid, proto, src)
+	if inode == "" {
+		return 0, ""
+	}
+	target := "socket:[" + inode + "]"
+	procs, err := os.ReadFile(filepath.Join(cgroups.UnifiedDir(container.CgroupPath(jailID)), "cgroup.procs"))
+	if err != nil {
+		return 0, ""
+	}
+	for _, p := range strings.Fields(string(procs)) {
+		fds, err := os.ReadDir("/proc/" + p + "/fd")
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if l, err := os.Readlink("/proc/" + p + "/fd/" + fd.Name()); err == nil && l == target {
+				return jailPid(p), readComm(p)
+			}
+		}
+	}
+	return 0, ""
+}
+
+// socketInode looks src up in /proc/PID/net/{tcp,udp}[6] of the jail's
+// network namespace and returns the socket's inode ("" when not found).
+func socketInode(initPid int, proto string, src netip.AddrPort) string {
+	file := proto
+	if src.Addr().Is6() && !src.Addr().Is4In6() {
+		file += "6"
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", initPid, file))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	want := procNetAddr(src)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+		if len(fields) >= 10 && fields[1] == want {
+			return fields[9]
+		}
+	}
+	return ""
+}
+
+// procNetAddr formats an IPv4 address and port as /proc/net/tcp does
+// (the address in host byte order, little-endian here).
+func procNetAddr(ap netip.AddrPort) string {
+	a := ap.Addr().Unmap()
+	if !a.Is4() {
+		b := a.As16()
+		var out strings.Builder
+		for i := 0; i < 16; i += 4 {
+			fmt.Fprintf(&out, "%08X", binary.LittleEndian.Uint32(b[i:i+4]))
+		}
+		return fmt.Sprintf("%s:%04X", out.String(), ap.Port())
+	}
+	b := a.As4()
+	return fmt.Sprintf("%s:%04X", strings.ToUpper(hex.EncodeToString([]byte{b[3], b[2], b[1], b[0]})), ap.Port())
+}
+
+// jailPid returns the pid of host pid p as seen in its own (the jail's)
+// pid namespace: the last field of NSpid.
+func jailPid(p string) int {
+	data, err := os.ReadFile("/proc/" + p + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, _ := strconv.Atoi(f[len(f)-1])
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+func readComm(p string) string {
+	data, _ := os.ReadFile("/proc/" + p + "/comm")
+	return strings.TrimSpace(string(data))
+}
