@@ -136,6 +136,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"FileStat":        model.FileStat{},
 		"NetStat":         model.NetStat{},
 		"Report":          model.Report{},
+		"FileCheck":       model.FileCheck{},
 		"Recording":       config.Recording{},
 		"TerminalMessage": TerminalMessage{},
 		"ErrorDetail":     ErrorDetail{},

@@ -60,6 +60,9 @@ type Status struct {
 	// NetInterface is the host side of the jail's network link ("" when
 	// it has none: mode none or host).
 	NetInterface string
+	// Root is the host path of the jail's root filesystem ("" when the
+	// host cannot see it).
+	Root string
 }
 
 // Stats is a jail's live resource usage.

@@ -20,6 +20,7 @@ import (
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/observe"
 	"github.com/agentjail/agentjail/internal/observe/bpf"
+	"github.com/agentjail/agentjail/internal/observe/fanwatch"
 	"github.com/agentjail/agentjail/internal/observe/netcap"
 )
 
@@ -46,7 +47,9 @@ type observation struct {
 	netCgroup string
 	// capture writes the jail's packets to a pcap file, when asked.
 	capture *netcap.Capture
-	since   time.Time
+	// fan reports files closed after writing, to cross-check the record.
+	fan   *fanwatch.Watcher
+	since time.Time
 	// reason says why the kernel side does not watch the jail (empty when
 	// it does).
 	reason string
@@ -116,6 +119,17 @@ func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 			return fmt.Errorf("network observation: %w", err)
 		}
 	}
+	if tr.Mode != config.TraceOff && st.Root != "" {
+		o.fan, err = fanwatch.Watch(st.Root, func(ev fanwatch.Event) {
+			o.mu.Lock()
+			o.agg.fanWritten(ev.Path)
+			o.mu.Unlock()
+		})
+		if err != nil {
+			reasons = append(reasons, "no fanotify cross-check: "+err.Error())
+			o.fan, err = nil, nil
+		}
+	}
 	if tr.Pcap && tr.Mode != config.TraceOff {
 		if st.NetInterface == "" {
 			reasons = append(reasons, "no packet capture: the jail has no network link (mode none or host)")
@@ -147,6 +161,12 @@ func (m *Manager) stopObservation(jailID string, o *observation) {
 			m.log.Error("unwatching jail network", "jail", jailID, "err", err)
 		}
 		o.netCgroup = ""
+	}
+	if o.fan != nil {
+		if err := o.fan.Close(); err != nil {
+			m.log.Warn("closing fanotify watch", "jail", jailID, "err", err)
+		}
+		o.fan = nil
 	}
 	if o.capture != nil {
 		if _, dropped, err := o.capture.Stop(); err != nil || dropped > 0 {
@@ -288,6 +308,8 @@ const (
 
 // aggregate is what the report is made of, kept up to date event by event.
 type aggregate struct {
+	// written holds the files fanotify saw closed after writing.
+	written  map[string]bool
 	events   map[string]uint64
 	syscalls map[int32]*model.SyscallStat
 	files    map[string]*model.FileStat
@@ -301,7 +323,7 @@ func newAggregate() *aggregate {
 	return &aggregate{
 		events: map[string]uint64{}, syscalls: map[int32]*model.SyscallStat{},
 		files: map[string]*model.FileStat{}, net: map[string]*model.NetStat{},
-		procs: map[int32]*model.Process{}, lost: map[string]uint64{},
+		procs: map[int32]*model.Process{}, lost: map[string]uint64{}, written: map[string]bool{},
 	}
 }
 
@@ -476,6 +498,29 @@ func (a *aggregate) tree() model.ProcessTree {
 	return t
 }
 
+// fanWritten notes a file fanotify saw closed after writing.
+func (a *aggregate) fanWritten(path string) {
+	if len(a.written) < maxPaths {
+		a.written[path] = true
+	}
+}
+
+// fileCheck lists the files fanotify saw written that the syscall-derived
+// record lacks (nil when the record overflowed its bounds).
+func (a *aggregate) fileCheck() *model.FileCheck {
+	if _, overflow := a.files["(other paths)"]; overflow || len(a.written) >= maxPaths {
+		return nil
+	}
+	fc := &model.FileCheck{Written: len(a.written), Missing: []string{}}
+	for p := range a.written {
+		if _, ok := a.files[p]; !ok {
+			fc.Missing = append(fc.Missing, p)
+		}
+	}
+	sort.Strings(fc.Missing)
+	return fc
+}
+
 // fill copies the aggregates into r, largest first.
 func (a *aggregate) fill(r *model.Report) {
 	r.Events = map[string]uint64{}
@@ -522,6 +567,7 @@ func (a *aggregate) fill(r *model.Report) {
 		return r.Network[i].Destination < r.Network[j].Destination
 	})
 	r.Process = a.tree()
+	r.FileCheck = a.fileCheck()
 }
 
 // FsDiff lists what the jail changed in its root filesystem (its overlay

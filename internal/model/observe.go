@@ -112,4 +112,16 @@ type Report struct {
 	Lost map[string]uint64 `json:"lost"`
 	// Observation says whether the jail is watched, and why not.
 	Observation Check `json:"observation"`
+	// FileCheck cross-checks the syscall-derived file record with fanotify.
+	FileCheck *FileCheck `json:"file_check,omitempty"`
+}
+
+// FileCheck compares the files fanotify saw closed after writing with the
+// file record derived from the syscall stream.
+type FileCheck struct {
+	// Written counts the distinct files fanotify saw written.
+	Written int `json:"written"`
+	// Missing lists files fanotify saw written that the syscall-derived
+	// record does not have (empty when the two agree).
+	Missing []string `json:"missing"`
 }

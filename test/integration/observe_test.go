@@ -238,6 +238,18 @@ chmod 0600 /etc/hostname 2>/dev/null || true`)
 		t.Errorf("size of /workspace/data.bin in the diff: %d", sizes["/workspace/data.bin"])
 	}
 
+	// fanotify's view of the files written agrees with the syscall record.
+	var rep struct {
+		FileCheck *struct {
+			Written int      `json:"written"`
+			Missing []string `json:"missing"`
+		} `json:"file_check"`
+	}
+	d.api.want(t, http.StatusOK, "GET", "/jails/"+j.ID+"/report", nil, &rep)
+	if rep.FileCheck == nil || rep.FileCheck.Written < 3 || len(rep.FileCheck.Missing) != 0 {
+		t.Errorf("fanotify cross-check: %+v", rep.FileCheck)
+	}
+
 	stopJail(t, d, j.ID)
 	var written int64
 	for _, ev := range readEvents(t, d, j.ID, "filesystem.jsonl") {

@@ -511,7 +511,7 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 		}
 	}
 	if inst.OnCreated != nil {
-		if err := inst.OnCreated(backend.Status{Running: true, CgroupPath: p.cgroup, NetInterface: att.Interface}); err != nil {
+		if err := inst.OnCreated(backend.Status{Running: true, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}); err != nil {
 			return backend.Status{}, err
 		}
 	}
@@ -522,7 +522,7 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if err := waitInit(ctx, filepath.Join(p.control, initproto.SocketName)); err != nil {
 		return backend.Status{}, fmt.Errorf("restored jail %s: %w", inst.Name, err)
 	}
-	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface}, nil
+	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}, nil
 }
 
 // runRestore runs `runc restore --detach` and returns the restored init's

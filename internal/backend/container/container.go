@@ -474,7 +474,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	}
 	tCreate := time.Now()
 	if inst.OnCreated != nil {
-		if err := inst.OnCreated(backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface}); err != nil {
+		if err := inst.OnCreated(backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}); err != nil {
 			if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
 				b.opts.Log.Error("removing a container whose start was aborted", "jail", inst.ID, "err", kerr)
 			}
@@ -487,7 +487,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	ok = true
 	b.opts.Log.Debug("started jail", "jail", inst.ID, "ensure", tEnsure.Sub(t0), "network", tAttach.Sub(tEnsure),
 		"bundle", tBundle.Sub(tAttach), "runtime_create", tCreate.Sub(tBundle), "start", time.Since(tCreate), "total", time.Since(t0))
-	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface}, nil
+	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}, nil
 }
 
 // attach connects the jail's network namespace to the daemon's policed
@@ -620,7 +620,7 @@ func (b *Backend) Status(ctx context.Context, inst backend.Instance) (backend.St
 		return backend.Status{}, err
 	}
 	if st == "running" || st == "paused" {
-		return backend.Status{Running: true, Pid: pid, CgroupPath: b.paths(inst).cgroup}, nil
+		return backend.Status{Running: true, Pid: pid, CgroupPath: b.paths(inst).cgroup, Root: b.paths(inst).merged}, nil
 	}
 	return backend.Status{}, nil
 }
