@@ -3,6 +3,7 @@ package jail
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -15,13 +16,13 @@ import (
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
-	"github.com/agentjail/agentjail/internal/fsdiff"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/observe"
 	"github.com/agentjail/agentjail/internal/observe/bpf"
 	"github.com/agentjail/agentjail/internal/observe/fanwatch"
 	"github.com/agentjail/agentjail/internal/observe/netcap"
+	"github.com/agentjail/agentjail/internal/snapshot"
 )
 
 // busCapacity is how many recent events a jail's live stream keeps for
@@ -585,12 +586,12 @@ func (m *Manager) FsDiff(ctx context.Context, ref string) (*model.FsDiff, error)
 	if err != nil {
 		return nil, err
 	}
-	changes, err := fsdiff.Upper(lower, upper, fsdiff.SkipInternal)
-	if err != nil {
+	// The lower tree alone is a tree with an empty upper layer.
+	empty := filepath.Join(m.opts.DataDir, "run", "empty")
+	if err := os.MkdirAll(empty, 0o755); err != nil {
 		return nil, err
 	}
-	d := fsdiff.Summary(changes)
-	return &d, nil
+	return snapshot.Diff(snapshot.Tree{Lower: lower, Upper: empty}, snapshot.Tree{Lower: lower, Upper: upper}, snapshot.SkipInternal, false)
 }
 
 // validateTracing checks the syscall names of a tracing config.

@@ -13,7 +13,6 @@ import (
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
-	"github.com/agentjail/agentjail/internal/fsdiff"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/snapshot"
 )
@@ -447,7 +446,7 @@ func (m *Manager) Diff(ctx context.Context, from, to string, text bool) (*model.
 		return nil, fmt.Errorf("to: %w", err)
 	}
 	defer m.release(b)
-	return snapshot.Diff(a.tree, b.tree, fsdiff.SkipInternal, text)
+	return snapshot.Diff(a.tree, b.tree, snapshot.SkipInternal, text)
 }
 
 func (m *Manager) release(s *side) {

@@ -294,3 +294,8 @@ func textDiff(p string, a, b *entry) string {
 	}
 	return Unified(from, to, string(old), string(cur), 3)
 }
+
+// SkipInternal prunes the paths agentjail itself mounts into every jail.
+func SkipInternal(jp string) bool {
+	return jp == "/.agentjail" || strings.HasPrefix(jp, "/.agentjail/")
+}
