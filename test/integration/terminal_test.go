@@ -348,6 +348,23 @@ func (tm *tmux) waitScreen(s string) {
 	}
 }
 
+// waitPrompt waits until the screen's last non-empty line is the Python
+// prompt, so the next keys are typed at it rather than ahead of it (typed
+// ahead, the tty echoes them before the prompt and the screen depends on
+// timing).
+func (tm *tmux) waitPrompt() {
+	tm.tb.Helper()
+	if err := waitFor(30*time.Second, func() error {
+		lines := strings.Split(strings.TrimRight(tm.screen(), "\n "), "\n")
+		if strings.TrimRight(lines[len(lines)-1], " ") == ">>>" {
+			return nil
+		}
+		return fmt.Errorf("no prompt")
+	}); err != nil {
+		tm.tb.Fatalf("%v:\n%s", err, tm.screen())
+	}
+}
+
 // TestTerminalCLI drives `agentjail exec -t` and `agentjail attach` under
 // tmux, then replays the recording and compares the screens.
 func TestTerminalCLI(t *testing.T) {
@@ -365,9 +382,11 @@ func TestTerminalCLI(t *testing.T) {
 
 	att := newTmux(t, 90, 25, env, binPath+" attach "+j.ID+"; echo CLI-EXIT=$?")
 	att.waitScreen("42") // the history
+	att.waitPrompt()
 	att.literal("print('x' * 3)")
 	att.keys("Enter")
 	att.waitScreen("xxx")
+	att.waitPrompt()
 	// The prompt is assembled at run time, so that it shows on the screen
 	// only once getpass has turned echo off.
 	att.literal("import getpass; pw = getpass.getpass('pass' + 'word:')")
@@ -375,9 +394,11 @@ func TestTerminalCLI(t *testing.T) {
 	att.waitScreen("password:")
 	att.literal("hunter2-secret")
 	att.keys("Enter")
+	att.waitPrompt()
 	att.literal("print(len(pw))")
 	att.keys("Enter")
 	att.waitScreen("14")
+	att.waitPrompt()
 	att.literal("raise SystemExit(5)")
 	att.keys("Enter")
 	att.waitScreen("CLI-EXIT=5")
@@ -410,7 +431,15 @@ func TestTerminalCLI(t *testing.T) {
 	// screen as the live session.
 	rp := newTmux(t, 90, 25, env, binPath+" replay --speed 100 --idle-limit 100ms "+rid+"; echo CLI-EXIT=$?")
 	rp.waitScreen("CLI-EXIT=0")
-	if got := screenOf(rp.screen(), "CLI-EXIT=0"); got != final {
+	// The attached client's screen may also carry the CLI's own notices
+	// above the session's output: compare from the first command on.
+	fromFirst := func(screen string) string {
+		if i := strings.Index(screen, ">>> 6*7"); i >= 0 {
+			return screen[i:]
+		}
+		return screen
+	}
+	if got := screenOf(rp.screen(), "CLI-EXIT=0"); fromFirst(got) != fromFirst(final) {
 		t.Fatalf("replayed screen differs from the live one:\nlive:\n%s\nreplay:\n%s", final, got)
 	}
 
