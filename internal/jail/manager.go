@@ -710,7 +710,10 @@ func (m *Manager) Health(ctx context.Context) model.Health {
 // Teardown destroys every jail of dataDir and releases its storage pool:
 // for tests and uninstalling. A data dir that holds nothing is left alone.
 func Teardown(ctx context.Context, dataDir, runtimeBinary string) error {
-	if _, err := os.Stat(filepath.Join(dataDir, "storage.img")); errors.Is(err, os.ErrNotExist) {
+	_, imgErr := os.Stat(filepath.Join(dataDir, "storage.img"))
+	jails, _ := os.ReadDir(filepath.Join(dataDir, "jails"))
+	poolMounted, _ := storage.IsMounted(filepath.Join(dataDir, "pool"))
+	if errors.Is(imgErr, os.ErrNotExist) && len(jails) == 0 && !poolMounted {
 		return nil
 	}
 	m, err := NewManager(ctx, Options{DataDir: dataDir, RuntimeBinary: runtimeBinary, WarmDisks: -1})
