@@ -365,14 +365,9 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 		return nil, err
 	}
 	e := &entry{dir: m.jailDir(id), rec: model.Jail{ID: id, Name: name, Status: model.StateCreated, CreatedAt: time.Now().UTC(), Config: cfg}}
-	m.mu.Lock()
-	if _, taken := m.names[name]; taken {
-		m.mu.Unlock()
-		return nil, errdefs.Conflictf("a jail named %q already exists", name)
+	if err := m.register(e); err != nil {
+		return nil, err
 	}
-	m.names[name] = id
-	m.jails[id] = e
-	m.mu.Unlock()
 	e.op.Lock()
 	defer e.op.Unlock()
 
@@ -402,6 +397,19 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 		}
 	}
 	return e.view(), nil
+}
+
+// register adds a new jail to the indexes, reserving its name
+// (ErrConflict when another jail has it).
+func (m *Manager) register(e *entry) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, taken := m.names[e.rec.Name]; taken {
+		return errdefs.Conflictf("a jail named %q already exists", e.rec.Name)
+	}
+	m.names[e.rec.Name] = e.rec.ID
+	m.jails[e.rec.ID] = e
+	return nil
 }
 
 // forget drops e from the indexes.

@@ -283,14 +283,9 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 		ID: id, Name: name, Status: model.StateStarting, CreatedAt: time.Now().UTC(), Config: snap.Config,
 		Parent: &model.Lineage{Kind: model.LineageSnapshot, ID: snap.ID, Name: snap.Name},
 	}}
-	m.mu.Lock()
-	if _, taken := m.names[name]; taken {
-		m.mu.Unlock()
-		return nil, errdefs.Conflictf("a jail named %q already exists", name)
+	if err := m.register(e); err != nil {
+		return nil, err
 	}
-	m.names[name] = id
-	m.jails[id] = e
-	m.mu.Unlock()
 	e.op.Lock()
 	defer e.op.Unlock()
 	fail := func(err error) (*model.Jail, error) {
