@@ -401,3 +401,25 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// OOMKills reads only the memory controller's count of OOM kills of path
+// (cheaper than Read on the exec path); errdefs.ErrNotFound when the
+// cgroup has no memory directory.
+func OOMKills(path string) (uint64, error) {
+	if err := checkPath(path); err != nil {
+		return 0, err
+	}
+	dir, v2 := dirOf("memory", path)
+	if dir == "" || !exists(dir) {
+		return 0, errdefs.NotFoundf("cgroup %s has no memory controller directory", path)
+	}
+	var n uint64
+	file := "memory.oom_control"
+	if v2 {
+		file = "memory.events"
+	}
+	if err := readKey(dir, file, "oom_kill", &n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}

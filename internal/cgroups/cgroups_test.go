@@ -223,6 +223,9 @@ func TestReadLimitsAndOOM(t *testing.T) {
 	if s.OOMKills == 0 || s.CPUTimeNs == 0 || s.Pids != 0 {
 		t.Fatalf("stats after the OOM kill: %+v", s)
 	}
+	if n, err := OOMKills(path); err != nil || n != s.OOMKills {
+		t.Fatalf("OOMKills = %d, %v; Read says %d", n, err, s.OOMKills)
+	}
 
 	if err := Remove(path); err != nil {
 		t.Fatal(err)

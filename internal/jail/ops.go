@@ -14,6 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/backend/container"
+	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
@@ -143,7 +145,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 	if req.Stdin != "" {
 		stdin = strings.NewReader(req.Stdin)
 	}
-	oomBefore := m.oomKills(ctx, inst)
+	oomBefore := m.oomKills(inst)
 	start := time.Now()
 	st, err := client.Exec(ctx, initproto.ExecRequest{
 		Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs,
@@ -161,7 +163,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 		if n := unix.SignalNum(st.Signal); n != 0 {
 			res.ExitCode = 128 + int(n)
 		}
-		if st.Signal == "SIGKILL" && !st.TimedOut && m.oomKills(ctx, inst) > oomBefore {
+		if st.Signal == "SIGKILL" && !st.TimedOut && m.oomKills(inst) > oomBefore {
 			res.OOMKilled = true
 		}
 	}
@@ -172,12 +174,12 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 	return res, nil
 }
 
-func (m *Manager) oomKills(ctx context.Context, inst backend.Instance) uint64 {
-	st, err := m.backend.Stats(ctx, inst)
+func (m *Manager) oomKills(inst backend.Instance) uint64 {
+	n, err := cgroups.OOMKills(container.CgroupPath(inst.ID))
 	if err != nil {
 		return 0
 	}
-	return st.OOMKills
+	return n
 }
 
 func fileInfo(fi initproto.FileInfo) model.FileInfo {
