@@ -29,8 +29,10 @@ const (
 	// attachQueue bounds the output chunks waiting for one attachment.
 	attachQueue = 128
 	// lagGrace is how long output waits for an attachment whose queue is
-	// full before the attachment starts losing output.
-	lagGrace = time.Second
+	// full before the attachment starts losing output: long enough that a
+	// reading client on a loaded host never loses any, short enough that
+	// a client that stopped reading holds the others up only once, briefly.
+	lagGrace = 5 * time.Second
 	// recordFlush is how often a recording is flushed to its file, so
 	// that a crash loses at most this much of it.
 	recordFlush = time.Second

@@ -550,7 +550,7 @@ func BenchmarkTerminalThroughput(b *testing.B) {
 		if code, _ := w.waitExit(b); code != 0 {
 			b.Fatalf("cat exit %d", code)
 		}
-		// A client that falls more than a second behind is skipped ahead
+		// A client that falls more than 5 s behind is skipped ahead
 		// (the session never waits for it): report what arrived.
 		received = append(received, float64(len(w.text()))/100_000_000)
 		b.StopTimer()
