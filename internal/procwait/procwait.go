@@ -51,13 +51,6 @@ func (h *Handle) Wait(ctx context.Context) error {
 	}
 }
 
-// Exited reports whether the process has exited, without blocking.
-func (h *Handle) Exited() bool {
-	fds := []unix.PollFd{{Fd: int32(h.fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds, 0)
-	return err == nil && n > 0
-}
-
 // WaitPid waits for pid to exit (nil at once if it does not exist).
 func WaitPid(ctx context.Context, pid int) error {
 	h, err := Open(pid)
