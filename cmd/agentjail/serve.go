@@ -24,8 +24,12 @@ import (
 // flight before closing their connections (which cancels their commands).
 const shutdownGrace = 10 * time.Second
 
+// maxWarmJails bounds serve --warm-jails.
+const maxWarmJails = 64
+
 func newServeCmd(g *globals) *cobra.Command {
 	var runtime, poolSize string
+	var warmJails int
 	var net netFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -47,7 +51,10 @@ next start.`,
 				}
 				pool = n
 			}
-			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, PoolSize: pool,
+			if warmJails < 0 || warmJails > maxWarmJails {
+				return usageError{fmt.Errorf("--warm-jails: %d is not between 0 and %d", warmJails, maxWarmJails)}
+			}
+			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, PoolSize: pool, WarmJails: warmJails,
 				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}
 			if net.hostsFile != "" {
 				hosts, err := readHostsFile(net.hostsFile)
@@ -61,6 +68,7 @@ next start.`,
 	}
 	cmd.Flags().StringVar(&runtime, "runtime", "runc", "OCI runtime binary")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
+	cmd.Flags().IntVar(&warmJails, "warm-jails", 2, "how many started jails of the default configuration to keep ready: a create asking for that configuration takes one (0: none)")
 	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)
 	cmd.Flags().StringVar(&net.hostsFile, "hosts-file", "", "static name → address entries (hosts(5) format) the jails' DNS answers before the host's resolver")
 	cmd.Flags().StringVar(&net.subnet, "subnet", "", "the jail network (default 10.88.0.0/16; remembered in DATA_DIR/network.json)")

@@ -110,6 +110,11 @@ type Backend interface {
 	// UpdateNetwork applies inst.Config's network policy to the running
 	// jail; new connections obey it at once.
 	UpdateNetwork(ctx context.Context, inst Instance) error
+	// Rename gives a running jail (whose init is pid) a new identity:
+	// inst.Name and inst.Hostname become its name on the jail network and
+	// its UTS host name. Processes already running keep their environment;
+	// commands started afterwards see the new HOSTNAME.
+	Rename(ctx context.Context, inst Instance, pid int) error
 	// Stats reads the jail's live resource usage.
 	Stats(ctx context.Context, inst Instance) (Stats, error)
 	// Control returns a client of the jail's init control socket.

@@ -104,7 +104,7 @@ func (s *Server) prepareExec(req *initproto.ExecRequest) (*shimSpec, *identity, 
 	if err := s.execRoot.checkCwd(cwd, id); err != nil {
 		return nil, nil, nil, err
 	}
-	env := mergeEnv(s.cfg.Env, []string{"HOME=" + id.Home, "USER=" + id.Name, "LOGNAME=" + id.Name}, req.Env)
+	env := mergeEnv([]string{"HOSTNAME=" + hostname()}, s.cfg.Env, []string{"HOME=" + id.Home, "USER=" + id.Name, "LOGNAME=" + id.Name}, req.Env)
 	pathEnv := defaultPath
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
@@ -116,6 +116,16 @@ func (s *Server) prepareExec(req *initproto.ExecRequest) (*shimSpec, *identity, 
 		return nil, id, fail, nil
 	}
 	return &shimSpec{Path: exe, Argv: req.Argv, Env: env, Dir: cwd, UID: id.UID, GID: id.GID, Groups: id.Groups}, id, nil, nil
+}
+
+// hostname is the jail's current host name (the daemon may set it after
+// init started, when it hands out a ready jail under a new name).
+func hostname() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Nodename[:])
 }
 
 // mergeEnv merges "K=V" lists; a later list overrides earlier values of

@@ -155,13 +155,16 @@ func (s *Server) Serve(l net.Listener) error {
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
 	s.prewarm.Do(func() {
-		// Start the first idle shim now, not in NewServer: a shim inherits
+		// Start the idle shims now, not in NewServer: a shim inherits
 		// init's stderr as it is when the shim starts, and Main redirects
 		// stderr to the log between the two.
 		s.shims.mu.Lock()
-		s.shims.spawning = true
+		start := s.shims.maxIdle > 0
+		s.shims.spawning = start
 		s.shims.mu.Unlock()
-		go s.shims.refill()
+		if start {
+			go s.shims.refill()
+		}
 	})
 	defer func() {
 		s.mu.Lock()

@@ -139,17 +139,30 @@ func (sp *shimPool) get() (*shimProc, error) {
 	return sp.spawn()
 }
 
-// refill starts one idle shim.
+// refill starts idle shims until the pool is full. A full pool lets a
+// command start without a shim start (a Go process: milliseconds of CPU)
+// competing with it, unless more commands run at once than it holds.
 func (sp *shimPool) refill() {
-	sh, err := sp.spawn()
-	sp.mu.Lock()
-	sp.spawning = false
-	sp.mu.Unlock()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "agentjail init: start idle shim: %v\n", err)
-		return
+	for {
+		sh, err := sp.spawn()
+		if err != nil {
+			sp.mu.Lock()
+			sp.spawning = false
+			sp.mu.Unlock()
+			fmt.Fprintf(os.Stderr, "agentjail init: start idle shim: %v\n", err)
+			return
+		}
+		sp.put(sh)
+		sp.mu.Lock()
+		done := sp.closed || len(sp.idle) >= sp.maxIdle
+		if done {
+			sp.spawning = false
+		}
+		sp.mu.Unlock()
+		if done {
+			return
+		}
 	}
-	sp.put(sh)
 }
 
 // put returns a clean shim to the pool (or lets it exit when the pool is

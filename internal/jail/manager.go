@@ -49,6 +49,9 @@ type Options struct {
 	// WarmDisks is how many default-size disks to keep ready (default 2;
 	// negative: none).
 	WarmDisks int
+	// WarmJails is how many started jails of the default configuration to
+	// keep ready for creates that ask for it (warm.go; default none).
+	WarmJails int
 	// Logger receives diagnostics (default: discard).
 	Logger *slog.Logger
 	// AllowHostNetwork permits jails with network mode "host".
@@ -82,6 +85,8 @@ type Manager struct {
 	host         config.Host
 	// snaps is the snapshot store (snapshots.go).
 	snaps *snapshotState
+	// warm is the pool of ready jails (warm.go); nil when none are kept.
+	warm *warmPool
 
 	mu    sync.Mutex
 	jails map[string]*entry // by id
@@ -225,12 +230,18 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m.recoverCheckpoints(ctx)
+	if err := m.startWarm(opts.WarmJails); err != nil {
+		m.pool.Close()
+		return nil, err
+	}
 	return m, nil
 }
 
-// Close releases the manager's background resources. Jails keep running
-// and are re-adopted by the next manager on the same data dir.
+// Close releases the manager's background resources and destroys the
+// ready jails of the warm pool. Jails keep running and are re-adopted by
+// the next manager on the same data dir.
 func (m *Manager) Close() error {
+	m.stopWarm()
 	var errs []error
 	if m.tracer != nil {
 		errs = append(errs, m.tracer.Close())
@@ -357,12 +368,20 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 	if err := validateTracing(&cfg.Tracing); err != nil {
 		return nil, err
 	}
+	if req.Name != "" {
+		if err := config.ValidName(req.Name); err != nil {
+			return nil, err
+		}
+	}
+	if m.warm != nil && (req.Start == nil || *req.Start) && m.warm.matches(&cfg) {
+		if j, err := m.takeWarm(ctx, req.Name); j != nil || err != nil {
+			return j, err
+		}
+	}
 	id := newID()
 	name := req.Name
 	if name == "" {
 		name = "jail-" + id[:6]
-	} else if err := config.ValidName(name); err != nil {
-		return nil, err
 	}
 	e := &entry{dir: m.jailDir(id), rec: model.Jail{ID: id, Name: name, Status: model.StateCreated, CreatedAt: time.Now().UTC(), Config: cfg}}
 	if err := m.register(e); err != nil {
@@ -632,6 +651,9 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		dir := m.jailDir(d.Name())
+		if m.releaseWarmDir(ctx, dir) {
+			continue
+		}
 		data, err := os.ReadFile(filepath.Join(dir, "jail.json"))
 		if err != nil {
 			m.log.Warn("jail directory without a record: releasing it", "dir", dir)
@@ -703,6 +725,9 @@ func (m *Manager) Health(ctx context.Context) model.Health {
 	}
 	h.Checks["runtime"] = model.Check{OK: true, Message: caps.Runtime}
 	h.Checks["checkpoint"] = model.Check{OK: caps.Checkpoint, Message: caps.CheckpointReason}
+	if m.warm != nil {
+		h.Warm = m.warm.status()
+	}
 	if m.tracer == nil {
 		h.Checks["observation"] = model.Check{OK: false, Message: m.tracerErr.Error()}
 		h.Status = "degraded"

@@ -141,6 +141,23 @@ type Health struct {
 	Running int               `json:"running"`
 	Checks  map[string]Check  `json:"checks"`
 	Backend map[string]string `json:"backend,omitempty"`
+	// Warm is the pool of ready jails (absent when the daemon keeps none).
+	Warm *WarmPool `json:"warm,omitempty"`
+}
+
+// WarmPool is the state of the daemon's pool of ready jails: started jails
+// of the default configuration that a create asking for that configuration
+// takes at once instead of starting a new container.
+type WarmPool struct {
+	// Size is how many ready jails the daemon keeps (serve --warm-jails).
+	Size int `json:"size"`
+	// Ready is how many are ready now.
+	Ready int `json:"ready"`
+	// Taken counts the creates served from the pool since the daemon
+	// started.
+	Taken uint64 `json:"taken"`
+	// Error is why the last refill failed ("" when it succeeded).
+	Error string `json:"error,omitempty"`
 }
 
 // Check is the outcome of one health check.

@@ -40,6 +40,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -589,6 +590,40 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 		return fmt.Errorf("jail %s network policy: %w", jailID, err)
 	}
 	js.up.transport.CloseIdleConnections()
+	return nil
+}
+
+// Rename changes the name an attached jail is known by to other jails'
+// inter-jail rules, and replaces its policy (which may name it). New
+// connections obey both at once. When the policy is unchanged and no
+// attached jail has inter-jail rules, the kernel table does not depend on
+// the name and is left as it is.
+func (m *Manager) Rename(ctx context.Context, jailID, name string, p Policy) error {
+	m.mu.Lock()
+	js, ok := m.jails[jailID]
+	if !ok {
+		m.mu.Unlock()
+		return errdefs.NotFoundf("jail %s: no network attached", jailID)
+	}
+	old := js.name
+	js.name = name
+	same := reflect.DeepEqual(js.pol().src, p)
+	for _, o := range m.jails {
+		if len(o.pol().src.InterJail) > 0 {
+			same = false
+			break
+		}
+	}
+	m.mu.Unlock()
+	if same {
+		return nil
+	}
+	if err := m.Update(ctx, jailID, p); err != nil {
+		m.mu.Lock()
+		js.name = old
+		m.mu.Unlock()
+		return err
+	}
 	return nil
 }
 

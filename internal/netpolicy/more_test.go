@@ -93,6 +93,24 @@ s.serve_forever()
 	if s, c := a.curl(t, nil, url); c != 7 {
 		t.Errorf("inter-jail denied by the destination: %s exit %d", s, c)
 	}
+	// Rules follow a renamed jail: alpha may reach "gamma", which beta
+	// becomes (without its deny rule).
+	p.InterJail = []InterJailRule{{From: "alpha", To: "gamma", Ports: []int{8000}, Allow: true}}
+	if err := e.m.Update(context.Background(), a.id, p); err != nil {
+		t.Fatal(err)
+	}
+	if s, c := a.curl(t, nil, url); c != 7 {
+		t.Errorf("inter-jail to a name beta does not have yet: %s exit %d, want refused", s, c)
+	}
+	if err := e.m.Rename(context.Background(), b.id, "gamma", basePolicy()); err != nil {
+		t.Fatal(err)
+	}
+	if s, c := a.curl(t, nil, url); s != "200" {
+		t.Errorf("inter-jail after beta was renamed gamma: %s exit %d, want 200", s, c)
+	}
+	if err := e.m.Rename(context.Background(), "no-such-jail", "x", basePolicy()); err == nil {
+		t.Error("renaming a jail that is not attached succeeded")
+	}
 }
 
 func TestTLSInspectionAndCredentials(t *testing.T) {

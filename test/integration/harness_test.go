@@ -151,12 +151,12 @@ func shared(tb testing.TB) *daemon {
 }
 
 // newDaemon starts a daemon of the test's own on a fresh data dir, beside
-// the shared one; it is shut down, torn down and checked for leftovers when
-// the test ends.
-func newDaemon(t testing.TB) *daemon {
+// the shared one, with serve's extra flags; it is shut down, torn down and
+// checked for leftovers when the test ends.
+func newDaemon(t testing.TB, flags ...string) *daemon {
 	t.Helper()
 	requireEnv(t)
-	d, err := startDaemon("")
+	d, err := startDaemon("", flags...)
 	if err != nil {
 		t.Fatalf("starting a daemon: %v", err)
 	}
@@ -200,8 +200,10 @@ func netFlags() []string {
 }
 
 // startDaemon starts `agentjail serve` on dir (a new temp dir when empty)
-// and waits until it listens.
-func startDaemon(dir string) (*daemon, error) {
+// and waits until it listens. The daemon keeps no ready jails (their
+// background starts would blur the tests' inventories of what a jail
+// holds) unless flags ask for them with --warm-jails.
+func startDaemon(dir string, flags ...string) (*daemon, error) {
 	if dir == "" {
 		var err error
 		dir, err = os.MkdirTemp("", "agentjail-it-")
@@ -209,7 +211,7 @@ func startDaemon(dir string) (*daemon, error) {
 			return nil, err
 		}
 	}
-	d := &daemon{dir: dir, exited: make(chan struct{}), flags: netFlags()}
+	d := &daemon{dir: dir, exited: make(chan struct{}), flags: append(append(netFlags(), "--warm-jails", "0"), flags...)}
 	err := d.start()
 	if err == nil {
 		d.ids, err = watchIDs(filepath.Join(dir, "jails"))
@@ -743,6 +745,43 @@ func (d *daemon) mustSh(tb testing.TB, id, script string) string {
 func (d *daemon) putFile(tb testing.TB, id, path string, data []byte) {
 	tb.Helper()
 	d.api.want(tb, http.StatusCreated, "PUT", "/jails/"+id+"/files"+path, data, nil)
+}
+
+// healthInfo is the part of GET /health the tests read.
+type healthInfo struct {
+	Status string `json:"status"`
+	Jails  int    `json:"jails"`
+	Warm   *struct {
+		Size  int    `json:"size"`
+		Ready int    `json:"ready"`
+		Taken uint64 `json:"taken"`
+		Error string `json:"error"`
+	} `json:"warm"`
+}
+
+func (d *daemon) health(tb testing.TB) healthInfo {
+	tb.Helper()
+	var h healthInfo
+	d.api.want(tb, http.StatusOK, "GET", "/health", nil, &h)
+	return h
+}
+
+// waitWarm waits until the daemon's pool of ready jails is full.
+func (d *daemon) waitWarm(tb testing.TB) {
+	tb.Helper()
+	err := waitFor(time.Minute, func() error {
+		h := d.health(tb)
+		switch {
+		case h.Warm == nil:
+			return fmt.Errorf("the daemon keeps no ready jails")
+		case h.Warm.Ready < h.Warm.Size:
+			return fmt.Errorf("%d of %d ready jails (last error: %q)", h.Warm.Ready, h.Warm.Size, h.Warm.Error)
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("warm pool: %v", err)
+	}
 }
 
 // waitFor polls cond every 50 ms until it returns nil or the deadline

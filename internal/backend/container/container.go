@@ -14,11 +14,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/oci"
@@ -332,7 +335,8 @@ func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string
 		}
 	}
 	cfg := inst.Config
-	env := []string{"PATH=" + DefaultPath, "LANG=C.UTF-8", "HOSTNAME=" + inst.Hostname}
+	// Init adds HOSTNAME itself, from the UTS namespace.
+	env := []string{"PATH=" + DefaultPath, "LANG=C.UTF-8"}
 	keys := make([]string, 0, len(cfg.Env))
 	for k := range cfg.Env {
 		keys = append(keys, k)
@@ -536,6 +540,51 @@ func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) (string, 
 func (b *Backend) UpdateNetwork(ctx context.Context, inst backend.Instance) error {
 	n := inst.Config.Isolation.Network
 	return b.opts.Net.Update(ctx, inst.ID, netpolicy.FromConfig(inst.Name, n))
+}
+
+// Rename implements backend.Backend.
+func (b *Backend) Rename(ctx context.Context, inst backend.Instance, pid int) error {
+	if err := setHostname(pid, inst.Hostname); err != nil {
+		return fmt.Errorf("jail %s: %w", inst.Name, err)
+	}
+	n := inst.Config.Isolation.Network
+	if n.Mode == config.NetNone || n.Mode == config.NetHost {
+		return nil
+	}
+	return b.opts.Net.Rename(ctx, inst.ID, inst.Name, netpolicy.FromConfig(inst.Name, n))
+}
+
+// setHostname sets the host name of the UTS namespace of process pid,
+// from a thread that enters that namespace and leaves it again.
+func setHostname(pid int, name string) error {
+	runtime.LockOSThread()
+	self, err := unix.Open("/proc/thread-self/ns/uts", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("set host name: %w", err)
+	}
+	defer unix.Close(self)
+	target, err := unix.Open(fmt.Sprintf("/proc/%d/ns/uts", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("set host name: %w", err)
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWUTS); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("set host name: enter the jail's UTS namespace: %w", err)
+	}
+	serr := unix.Sethostname([]byte(name))
+	if err := unix.Setns(self, unix.CLONE_NEWUTS); err != nil {
+		// The thread stays in the jail's namespace: keep it locked so
+		// that it ends with this goroutine instead of serving others.
+		return fmt.Errorf("set host name: return to the daemon's UTS namespace: %w", err)
+	}
+	runtime.UnlockOSThread()
+	if serr != nil {
+		return fmt.Errorf("set host name %q: %w", name, serr)
+	}
+	return nil
 }
 
 // Stop implements backend.Backend.
