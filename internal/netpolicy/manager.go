@@ -167,6 +167,13 @@ type jailState struct {
 	policy *compiledPolicy
 	limits *limiter
 	up     *upstream
+
+	// limited names the rate limit the jail is over while the kernel
+	// refuses its direct connections ("" otherwise); relief re-checks
+	// the budget when it should have refilled. Both guarded by the
+	// manager's mu.
+	limited string
+	relief  *time.Timer
 }
 
 func (js *jailState) pol() *compiledPolicy {
@@ -581,6 +588,7 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 	js.policy = cp
 	if old.src.RequestsPerMinute != p.RequestsPerMinute || old.src.BytesPerHour != p.BytesPerHour {
 		js.limits = newLimiter(p.RequestsPerMinute, p.BytesPerHour)
+		js.limited = "" // a fresh budget
 	}
 	js.mu.Unlock()
 	if err := m.applyLocked(); err != nil {
@@ -644,6 +652,9 @@ func (m *Manager) Detach(ctx context.Context, jailID string) error {
 	}
 	delete(m.jails, jailID)
 	delete(m.byIP, js.ip)
+	if js.relief != nil {
+		js.relief.Stop()
+	}
 	err := m.applyLocked()
 	m.unplumb(js)
 	js.up.close()
@@ -694,7 +705,7 @@ func (m *Manager) applyLocked() error {
 	slices.Sort(ids)
 	for _, id := range ids {
 		js := m.jails[id]
-		rs.jails = append(rs.jails, jailRules{id: js.id, name: js.name, veth: js.veth, ip: js.ip, mode: js.mode, policy: js.pol()})
+		rs.jails = append(rs.jails, jailRules{id: js.id, name: js.name, veth: js.veth, ip: js.ip, mode: js.mode, policy: js.pol(), limited: js.limited})
 	}
 	return rs.apply()
 }

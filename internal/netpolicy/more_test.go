@@ -218,3 +218,94 @@ print(urllib.request.urlopen("https://allowed.test/py-path", timeout=8).status)`
 		t.Error("secret in the record")
 	}
 }
+
+// count returns how many of the jail's records f accepts.
+func (r *recorder) count(id string, f func(ConnEvent) bool) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, ev := range r.evs[id] {
+		if f(ev) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRateLimitAllTraffic: a jail's request budget covers its direct
+// connections too. Once it is spent, the kernel refuses direct
+// connections and the proxy answers 429, each recorded with the limit
+// (lookups still resolve, so that name-based HTTP clients get their 429);
+// when the budget refills, or a new limit gives a fresh one, both pass
+// again.
+func TestRateLimitAllTraffic(t *testing.T) {
+	e := setup(t)
+	p := basePolicy()
+	p.Allow = append(p.Allow, Rule{Destination: inetA.String() + "/32", Ports: []int{7}, Protocol: ProtoTCP})
+	p.RequestsPerMinute = 2
+	j := attach(t, e.m, "limited", ModeBridge, p)
+	for i := range 2 {
+		if got := j.connect(t, inetA.String(), 7); got != "connected ping" {
+			t.Fatalf("direct connection %d within the budget: %s", i+1, got)
+		}
+	}
+	// The kernel's log of each connection charges it; both are recorded
+	// once charged.
+	direct := func(ev ConnEvent) bool {
+		return ev.Via == ViaKernel && ev.Verdict == VerdictAllow && ev.Dst == inetA.String()+":7"
+	}
+	if err := pollUntil(5*time.Second, func() bool { return e.rec.count(j.id, direct) >= 2 }); err != nil {
+		t.Fatalf("direct connections recorded: %d, want 2", e.rec.count(j.id, direct))
+	}
+	if got := j.connect(t, inetA.String(), 7); got != "refused" {
+		t.Errorf("direct connection over the budget: %s, want refused", got)
+	}
+	e.rec.wait(t, j.id, "kernel refusal over the limit", func(ev ConnEvent) bool {
+		return ev.Via == ViaKernel && ev.Verdict == VerdictBlock && ev.Rule == "limit:requests_per_minute" && ev.Dst == inetA.String()+":7"
+	})
+	if s, c := j.curl(t, nil, "http://allowed.test/"); s != "429" {
+		t.Errorf("http over the budget: %s exit %d, want 429", s, c)
+	}
+
+	// The budget refills (the limiter's clock is moved a minute on).
+	e.m.mu.Lock()
+	js := e.m.jails[j.id]
+	e.m.mu.Unlock()
+	later := time.Now().Add(time.Minute)
+	lim := js.limiter()
+	lim.mu.Lock()
+	lim.now = func() time.Time { return later }
+	lim.mu.Unlock()
+	e.m.relieve(js)
+	if got := j.connect(t, inetA.String(), 7); got != "connected ping" {
+		t.Errorf("direct connection after the budget refilled: %s", got)
+	}
+
+	// Spend it again, then a new limit: a fresh budget at once.
+	j.connect(t, inetA.String(), 7)
+	if err := pollUntil(5*time.Second, func() bool { return e.rec.count(j.id, direct) >= 4 }); err != nil {
+		t.Fatalf("direct connections recorded: %d, want 4", e.rec.count(j.id, direct))
+	}
+	if got := j.connect(t, inetA.String(), 7); got != "refused" {
+		t.Errorf("direct connection over the refilled budget: %s, want refused", got)
+	}
+	p.RequestsPerMinute = 100
+	if err := e.m.Update(context.Background(), j.id, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.connect(t, inetA.String(), 7); got != "connected ping" {
+		t.Errorf("direct connection under a new limit: %s", got)
+	}
+}
+
+// pollUntil checks cond every 10 ms until it holds or timeout passes.
+func pollUntil(timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %v", timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}

@@ -237,5 +237,8 @@ func (m *Manager) nflogPacket(attrs []byte) {
 			ev.Port = int(dp)
 		}
 	}
+	if ev.Verdict == VerdictAllow && ev.Dir == "" {
+		m.chargeDirect(id)
+	}
 	m.record(id, ev)
 }

@@ -166,6 +166,9 @@ type jailRules struct {
 	ip             netip.Addr
 	mode           string
 	policy         *compiledPolicy
+	// limited names the rate limit the jail is over ("" when none): its
+	// direct connections are refused until the budget refills.
+	limited string
 }
 
 // ruleset is everything the manager's table holds.
@@ -262,6 +265,10 @@ func (rs *ruleset) apply() error {
 		add(input, rule().iif(j.veth, false).note(rs, j.id, false, "protected:host").refuse())
 
 		// Egress of the jail, after inter-jail rules (added below).
+		if j.limited != "" {
+			add(egress, rule().note(rs, j.id, false, j.limited).refuse())
+			add(named, rule().note(rs, j.id, false, j.limited).refuse())
+		}
 		if j.mode == ModeBridge {
 			rs.bridgeEgress(add, egress, named, j)
 		} else {

@@ -364,7 +364,7 @@ func (m *Manager) tunnel(cc *clientConn, host string, orig netip.Addr, port int,
 		refuse(VerdictBlock, d, nil)
 		return
 	}
-	if lim := js.limiter().admit(); lim != "" {
+	if lim := m.admit(js); lim != "" {
 		refuse(VerdictLimit, Decision{Rule: lim}, nil)
 		return
 	}
@@ -399,7 +399,7 @@ func (m *Manager) tunnel(cc *clientConn, host string, orig netip.Addr, port int,
 		}
 	}
 	ev.BytesOut, ev.BytesIn = splice(cc, up)
-	js.limiter().spend(ev.BytesOut + ev.BytesIn)
+	m.spend(js, ev.BytesOut+ev.BytesIn)
 	finish(VerdictAllow, d, nil)
 }
 
@@ -628,7 +628,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		finish(VerdictBlock, d.Rule, nil)
 		return
 	}
-	if lim := js.limiter().admit(); lim != "" {
+	if lim := m.admit(js); lim != "" {
 		ev.Status = http.StatusTooManyRequests
 		http.Error(w, "agentjail: rate limit exceeded ("+lim+")", http.StatusTooManyRequests)
 		finish(VerdictLimit, lim, nil)
@@ -679,7 +679,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	n, cerr := io.CopyBuffer(w, resp.Body, *buf)
 	copyBufs.Put(buf)
 	ev.BytesIn = n
-	js.limiter().spend(ev.BytesOut + ev.BytesIn)
+	m.spend(js, ev.BytesOut+ev.BytesIn)
 	if cerr != nil {
 		finish(VerdictAllow, d.Rule, cerr)
 		return
