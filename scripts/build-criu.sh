@@ -9,7 +9,9 @@
 # The build carries agentjail's patches (scripts/criu-*.patch): a root
 # without CAP_SYS_RESOURCE, as on these machines, cannot read the rlimits of
 # another uid's process with prlimit64(), so CRIU falls back to
-# /proc/PID/limits. A marker next to the binary records the patches built in.
+# /proc/PID/limits; and CRIU polls a freezing cgroup every 100 ms, which makes
+# every dump of a small jail wait 100 ms, so it first polls at short, doubling
+# intervals. A marker next to the binary records the patches built in.
 #
 # Idempotent: it does nothing when a criu >= 4.1 built with the current
 # patches is installed and `criu check` passes. Run as root. Environment:
