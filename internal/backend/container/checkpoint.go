@@ -79,14 +79,18 @@ const (
 const hookScript = `#!/bin/sh
 # agentjail: CRIU action script of a jail checkpoint. At post-dump the
 # jail's processes are still frozen: copy its control files and its disk
-# so that they match the process images.
+# so that they match the process images. The jail stays frozen while this
+# runs, so it starts as few programs as it can.
 [ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
-mkdir -p "$AGENTJAIL_SAVE_CONTROL" || exit 1
+set --
 for f in "$AGENTJAIL_CONTROL"/*; do
 	if [ -f "$f" ] && [ ! -L "$f" ]; then
-		cp -p "$f" "$AGENTJAIL_SAVE_CONTROL"/ || exit 1
+		set -- "$@" "$f"
 	fi
 done
+if [ $# -gt 0 ]; then
+	cp -p "$@" "$AGENTJAIL_SAVE_CONTROL"/ || exit 1
+fi
 fsfreeze -f "$AGENTJAIL_DISK_MOUNT" || exit 1
 cp --reflink=always "$AGENTJAIL_DISK_IMAGE" "$AGENTJAIL_DISK_COPY"
 rc=$?
@@ -220,6 +224,9 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	data, _ := json.MarshalIndent(info, "", "  ")
 	if err := os.WriteFile(filepath.Join(opts.Dir, checkpointRec), data, 0o600); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint record: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(opts.Dir, savedControl), 0o700); err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("checkpoint control copy: %w", err)
 	}
 	images := filepath.Join(opts.Dir, imagesDir)
 	work := filepath.Join(opts.Dir, workDir)
