@@ -41,6 +41,18 @@ func newLimiter(reqPerMin int, bytesPerHour int64) *limiter {
 func (l *limiter) admit() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if why := l.over(); why != "" {
+		return why
+	}
+	if l.reqLimit {
+		l.reqs.tokens--
+	}
+	return ""
+}
+
+// over refills the buckets and names the limit that refuses the next
+// request ("" when none does). l.mu is held.
+func (l *limiter) over() string {
 	now := l.now()
 	if l.byteLim {
 		l.bytes.refill(now)
@@ -53,7 +65,6 @@ func (l *limiter) admit() string {
 		if l.reqs.tokens < 1 {
 			return "limit:requests_per_minute"
 		}
-		l.reqs.tokens--
 	}
 	return ""
 }
@@ -75,20 +86,7 @@ func (l *limiter) spend(n int64) {
 func (l *limiter) exhausted() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now := l.now()
-	if l.byteLim {
-		l.bytes.refill(now)
-		if l.bytes.tokens <= 0 {
-			return "limit:bytes_per_hour"
-		}
-	}
-	if l.reqLimit {
-		l.reqs.refill(now)
-		if l.reqs.tokens < 1 {
-			return "limit:requests_per_minute"
-		}
-	}
-	return ""
+	return l.over()
 }
 
 // retryAfter is how long until the buckets admit a request again (0 when
