@@ -220,8 +220,14 @@ func (m *Manager) takeWarm(ctx context.Context, name string) (*model.Jail, error
 	j, err := m.adoptWarm(ctx, e, name)
 	if errors.Is(err, errNameTaken) {
 		w.mu.Lock()
-		w.ready = append(w.ready, e)
+		closed := w.closed
+		if !closed {
+			w.ready = append(w.ready, e)
+		}
 		w.mu.Unlock()
+		if closed {
+			m.discardWarm(e)
+		}
 		return nil, errdefs.Conflictf("a jail named %q already exists", name)
 	}
 	if err != nil {
