@@ -64,10 +64,7 @@ func newLsCmd(g *globals) *cobra.Command {
 			}
 			sort.Slice(js, func(a, b int) bool { return js[a].CreatedAt.Before(js[b].CreatedAt) })
 			if g.json {
-				if js == nil {
-					js = []*client.Jail{}
-				}
-				return printJSON(cmd.OutOrStdout(), js)
+				return printJSONList(cmd.OutOrStdout(), js)
 			}
 			printTable(cmd.OutOrStdout(), js, time.Now())
 			return nil
@@ -239,10 +236,7 @@ func eachJail(g *globals, cmd *cobra.Command, args []string, op func(context.Con
 		}
 	}
 	if g.json {
-		if out == nil {
-			out = []*client.Jail{}
-		}
-		if err := printJSON(cmd.OutOrStdout(), out); err != nil {
+		if err := printJSONList(cmd.OutOrStdout(), out); err != nil {
 			return err
 		}
 	}

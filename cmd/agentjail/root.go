@@ -143,3 +143,11 @@ func printJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// printJSONList writes a list as JSON: an empty list is [], never null.
+func printJSONList[T any](w io.Writer, list []T) error {
+	if list == nil {
+		list = []T{}
+	}
+	return printJSON(w, list)
+}

@@ -68,10 +68,7 @@ func newSnapshotsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if g.json {
-				if list == nil {
-					list = []*client.Snapshot{}
-				}
-				return printJSON(cmd.OutOrStdout(), list)
+				return printJSONList(cmd.OutOrStdout(), list)
 			}
 			printSnapshots(cmd.OutOrStdout(), list, time.Now())
 			return nil
