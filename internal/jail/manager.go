@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agentjail/agentjail/internal/model"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -20,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
@@ -27,6 +27,7 @@ import (
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/observe/bpf"
 	"github.com/agentjail/agentjail/internal/procwait"
@@ -389,33 +390,53 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 	}
 	e.op.Lock()
 	defer e.op.Unlock()
-
-	fail := func(err error) (*model.Jail, error) {
+	if err := m.build(ctx, e, req.Start == nil || *req.Start, false); err != nil {
 		m.forget(e)
-		if derr := m.backend.Destroy(context.WithoutCancel(ctx), m.instance(e)); derr != nil {
-			m.log.Error("releasing a failed jail", "jail", id, "err", derr)
-			return nil, err
-		}
-		if rerr := removeJailDir(e.dir); rerr != nil {
-			m.log.Error("removing a failed jail's directory", "jail", id, "err", rerr)
-		}
 		return nil, err
 	}
-	if err := os.Mkdir(e.dir, 0o711); err != nil {
-		return fail(fmt.Errorf("jail dir: %w", err))
+	return e.view(), nil
+}
+
+// build makes the new jail e: its directory (holding the warm pool's
+// marker when warm), its record and its backend resources; then it starts
+// it when start is set. On failure it releases all it made. e.op is held.
+func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
+	err := os.Mkdir(e.dir, 0o711)
+	if err != nil {
+		return fmt.Errorf("jail dir: %w", err)
 	}
-	if err := m.persist(e); err != nil {
-		return fail(err)
-	}
-	if err := m.backend.Prepare(ctx, m.instance(e)); err != nil {
-		return fail(err)
-	}
-	if req.Start == nil || *req.Start {
-		if err := m.start(ctx, e); err != nil {
-			return fail(err)
+	if warm {
+		if err = os.WriteFile(filepath.Join(e.dir, warmMarker), nil, 0o600); err != nil {
+			err = fmt.Errorf("jail dir: %w", err)
 		}
 	}
-	return e.view(), nil
+	if err == nil {
+		err = m.persist(e)
+	}
+	if err == nil {
+		err = m.backend.Prepare(ctx, m.instance(e))
+	}
+	if err == nil && start {
+		err = m.start(ctx, e)
+	}
+	if err != nil {
+		m.releaseJail(context.WithoutCancel(ctx), e)
+	}
+	return err
+}
+
+// releaseJail destroys the backend resources and the directory of a jail that
+// was never handed out or whose creation failed (errors are logged; the
+// directory stays when the backend could not release everything).
+func (m *Manager) releaseJail(ctx context.Context, e *entry) {
+	id := e.snapshot().ID
+	if err := m.backend.Destroy(ctx, m.instance(e)); err != nil {
+		m.log.Error("releasing a jail", "jail", id, "err", err)
+		return
+	}
+	if err := removeJailDir(e.dir); err != nil {
+		m.log.Error("removing a jail's directory", "jail", id, "err", err)
+	}
 }
 
 // register adds a new jail to the indexes, reserving its name
@@ -626,16 +647,12 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 // removeJailDir deletes a jail's directory, refusing when anything is
 // still mounted below it (deleting through a mount would destroy data).
 func removeJailDir(dir string) error {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		return err
 	}
-	prefix := dir + "/"
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], prefix)) {
-			return errdefs.Conflictf("%s is still mounted; not removing the jail directory", f[4])
-		}
+	if len(mounts) > 0 {
+		return errdefs.Conflictf("%s is still mounted; not removing the jail directory", mounts[0].Mountpoint)
 	}
 	return os.RemoveAll(dir)
 }
@@ -657,12 +674,9 @@ func (m *Manager) recover(ctx context.Context) error {
 		data, err := os.ReadFile(filepath.Join(dir, "jail.json"))
 		if err != nil {
 			m.log.Warn("jail directory without a record: releasing it", "dir", dir)
-			cfg := config.Config{}
-			cfg.ApplyDefaults()
-			inst := backend.Instance{ID: d.Name(), Dir: dir, Config: &cfg}
-			if err := m.backend.Destroy(ctx, inst); err == nil {
-				_ = removeJailDir(dir)
-			}
+			e := &entry{dir: dir, rec: model.Jail{ID: d.Name()}}
+			e.rec.Config.ApplyDefaults()
+			m.releaseJail(ctx, e)
 			continue
 		}
 		e := &entry{dir: dir}

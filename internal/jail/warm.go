@@ -40,7 +40,7 @@ type warmPool struct {
 	// when its effective configuration encodes to the same bytes.
 	key []byte
 
-	stop chan struct{} // closed by close
+	stop chan struct{} // closed by stopWarm
 	wg   sync.WaitGroup
 
 	mu      sync.Mutex
@@ -113,8 +113,8 @@ func (m *Manager) refillWarm() {
 	go m.fillWarm()
 }
 
-// fillWarm starts ready jails until the pool is full; after a failure it
-// waits (doubling up to warmRetryMax) before trying again.
+// fillWarm starts ready jails until the pool is full (or closed); after a
+// failure it waits (doubling up to warmRetryMax) before trying again.
 func (m *Manager) fillWarm() {
 	w := m.warm
 	defer w.wg.Done()
@@ -130,57 +130,34 @@ func (m *Manager) fillWarm() {
 		e, err := m.makeWarm()
 		w.mu.Lock()
 		w.lastErr = err
-		if err == nil && !w.closed {
+		kept := err == nil && !w.closed
+		if kept {
 			w.ready = append(w.ready, e)
-			e = nil
 			retry = time.Second
 		}
-		closed := w.closed
 		w.mu.Unlock()
-		if e != nil {
-			m.discardWarm(e)
-		}
-		if closed {
-			w.mu.Lock()
-			w.filling = false
-			w.mu.Unlock()
-			return
-		}
-		if err != nil {
+		switch {
+		case err != nil:
 			m.log.Error("starting a ready jail for the warm pool", "err", err, "retry_in", retry)
 			select {
 			case <-w.stop:
 			case <-time.After(retry):
 			}
 			retry = min(2*retry, warmRetryMax)
+		case !kept: // the pool closed meanwhile
+			m.discardWarm(e)
 		}
 	}
 }
 
 // makeWarm prepares and starts one jail of the pool's configuration.
 func (m *Manager) makeWarm() (*entry, error) {
-	ctx := context.Background()
 	id := newID()
 	e := &entry{dir: m.jailDir(id), rec: model.Jail{ID: id, Name: "warm-" + id[:6], Status: model.StateCreated,
 		CreatedAt: time.Now().UTC(), Config: m.warm.config()}}
-	if err := os.Mkdir(e.dir, 0o711); err != nil {
-		return nil, fmt.Errorf("jail dir: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(e.dir, warmMarker), nil, 0o600); err != nil {
-		_ = removeJailDir(e.dir)
-		return nil, fmt.Errorf("jail dir: %w", err)
-	}
-	err := m.persist(e)
-	if err == nil {
-		err = m.backend.Prepare(ctx, m.instance(e))
-	}
-	if err == nil {
-		e.op.Lock()
-		err = m.start(ctx, e)
-		e.op.Unlock()
-	}
-	if err != nil {
-		m.discardWarm(e)
+	e.op.Lock()
+	defer e.op.Unlock()
+	if err := m.build(context.Background(), e, true, true); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -192,13 +169,7 @@ func (m *Manager) discardWarm(e *entry) {
 	defer e.op.Unlock()
 	m.unwatch(e)
 	m.observeStop(e)
-	if err := m.backend.Destroy(context.Background(), m.instance(e)); err != nil {
-		m.log.Error("destroying a ready jail", "jail", e.rec.ID, "err", err)
-		return
-	}
-	if err := removeJailDir(e.dir); err != nil {
-		m.log.Error("removing a ready jail's directory", "jail", e.rec.ID, "err", err)
-	}
+	m.releaseJail(context.Background(), e)
 }
 
 // takeWarm hands out a ready jail as a new jail named name ("" names it
@@ -325,13 +296,6 @@ func (m *Manager) releaseWarmDir(ctx context.Context, dir string) bool {
 		e.rec.Config.ApplyDefaults()
 	}
 	m.log.Info("releasing a ready jail of an earlier run", "jail", e.rec.ID)
-	inst := m.instance(e)
-	if err := m.backend.Destroy(ctx, inst); err != nil {
-		m.log.Error("releasing a ready jail of an earlier run", "jail", e.rec.ID, "err", err)
-		return true
-	}
-	if err := removeJailDir(dir); err != nil {
-		m.log.Error("removing a ready jail's directory", "jail", e.rec.ID, "err", err)
-	}
+	m.releaseJail(ctx, e)
 	return true
 }
