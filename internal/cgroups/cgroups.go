@@ -8,7 +8,6 @@
 package cgroups
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -20,6 +19,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -43,30 +43,17 @@ type hierarchy struct {
 var layout = sync.OnceValues(readLayout)
 
 func readLayout() ([]hierarchy, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return m.Root != "/" || (m.FSType != "cgroup" && m.FSType != "cgroup2"), false
+	})
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: read mount table: %w", err)
 	}
-	defer f.Close()
 	var out []hierarchy
 	seen := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint opts [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+3 >= len(fields) || fields[3] != "/" {
-			continue
-		}
-		fstype, superOpts := fields[sep+1], fields[sep+3]
-		h := hierarchy{root: fields[4], controllers: map[string]bool{}}
+	for _, m := range mounts {
+		fstype, superOpts := m.FSType, m.VFSOptions
+		h := hierarchy{root: m.Mountpoint, controllers: map[string]bool{}}
 		switch fstype {
 		case "cgroup2":
 			h.unified = true
@@ -81,8 +68,6 @@ func readLayout() ([]hierarchy, error) {
 					h.controllers[o] = true
 				}
 			}
-		default:
-			continue
 		}
 		key := fstype + " " + superOpts
 		if seen[key] {
@@ -90,9 +75,6 @@ func readLayout() ([]hierarchy, error) {
 		}
 		seen[key] = true
 		out = append(out, h)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("cgroups: read mount table: %w", err)
 	}
 	return out, nil
 }

@@ -1,12 +1,10 @@
 package storage
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -94,73 +92,6 @@ func Usage(mountpoint string) (used, total uint64, err error) {
 	}
 	bs := uint64(st.Bsize)
 	return (st.Blocks - st.Bfree) * bs, st.Blocks * bs, nil
-}
-
-// mountInfo is one line of /proc/self/mountinfo.
-type mountInfo struct {
-	major, minor uint32
-	mountPoint   string
-	fsType       string
-	source       string
-}
-
-// readMounts parses /proc/self/mountinfo.
-func readMounts() ([]mountInfo, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	defer f.Close()
-	var out []mountInfo
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint opts [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+2 >= len(fields) {
-			continue
-		}
-		var m mountInfo
-		if maj, min, ok := strings.Cut(fields[2], ":"); ok {
-			a, _ := strconv.ParseUint(maj, 10, 32)
-			b, _ := strconv.ParseUint(min, 10, 32)
-			m.major, m.minor = uint32(a), uint32(b)
-		}
-		m.mountPoint = unescapeMount(fields[4])
-		m.fsType = fields[sep+1]
-		m.source = unescapeMount(fields[sep+2])
-		out = append(out, m)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	return out, nil
-}
-
-// unescapeMount undoes the octal escapes (\040 etc.) of mountinfo fields.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // within reports whether path is dir or lies below it (both cleaned).

@@ -28,6 +28,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -356,23 +357,23 @@ func Teardown(dataDir string) error {
 	dataDir = filepath.Clean(dataDir)
 	poolDir := filepath.Join(dataDir, "pool")
 	warmDir := filepath.Join(poolDir, "warm")
-	mounts, err := readMounts()
+	mounts, err := mountinfo.GetMounts(nil)
 	if err != nil {
-		return fmt.Errorf("storage pool teardown: %w", err)
+		return fmt.Errorf("storage pool teardown: read mount table: %w", err)
 	}
 	for _, m := range mounts {
-		if m.mountPoint != warmDir && within(m.mountPoint, warmDir) {
-			if err := Unmount(m.mountPoint); err != nil {
+		if m.Mountpoint != warmDir && within(m.Mountpoint, warmDir) {
+			if err := Unmount(m.Mountpoint); err != nil {
 				return fmt.Errorf("storage pool teardown: %w", err)
 			}
 		}
 	}
 	for _, m := range mounts {
-		if within(m.mountPoint, warmDir) {
+		if within(m.Mountpoint, warmDir) {
 			continue
 		}
-		if b := backingOfDevice(m.major, m.minor); b != "" && within(b, poolDir) {
-			return errdefs.Conflictf("storage pool %s: disk %s is still mounted at %s", poolDir, b, m.mountPoint)
+		if b := backingOfDevice(uint32(m.Major), uint32(m.Minor)); b != "" && within(b, poolDir) {
+			return errdefs.Conflictf("storage pool %s: disk %s is still mounted at %s", poolDir, b, m.Mountpoint)
 		}
 	}
 	mounted, err := IsMounted(poolDir)
@@ -698,22 +699,13 @@ func mountedHere(devs []string) string {
 	if len(devs) == 0 {
 		return ""
 	}
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return !slices.Contains(devs, m.Source), false
+	})
+	if err != nil || len(mounts) == 0 {
 		return ""
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		// The mount source follows the " - fstype " separator.
-		_, after, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(after)
-		if len(f) >= 2 && slices.Contains(devs, f[1]) {
-			return f[1]
-		}
-	}
-	return ""
+	return mounts[0].Source
 }
 
 // trim discards the free space of the filesystem mounted at mountpoint, which
