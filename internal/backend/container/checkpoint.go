@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/backend/oci"
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
@@ -571,7 +572,7 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 		return 0, restoreError(inst, filepath.Join(work, "restore.log"), err)
 	}
 	go drain(pipes)
-	return readPidFile(pidFile)
+	return oci.ReadPidFile(pidFile)
 }
 
 // drain reads the restored jail's stdout and stderr until every writer is
@@ -610,18 +611,6 @@ func restoreError(inst backend.Instance, logPath string, err error) error {
 		return fmt.Errorf("restore of jail %s: %w (see %s)", inst.Name, err, logPath)
 	}
 	return fmt.Errorf("restore of jail %s: %w: %s", inst.Name, err, strings.Join(msgs, "; "))
-}
-
-func readPidFile(path string) (int, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, fmt.Errorf("read runtime pid file: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("runtime pid file holds %q, not a pid", data)
-	}
-	return pid, nil
 }
 
 // restoreControl copies the control files saved with a checkpoint into a

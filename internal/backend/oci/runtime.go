@@ -147,7 +147,7 @@ func (r *Runtime) Create(ctx context.Context, id, bundle string) (pid int, err e
 		err = ctx.Err()
 	}
 	if err == nil {
-		pid, err = readPidFile(pidFile)
+		pid, err = ReadPidFile(pidFile)
 	}
 	if err != nil {
 		text := r.discard(id, cio)
@@ -400,7 +400,8 @@ func (t *tailBuffer) String() string {
 	return string(t.buf)
 }
 
-func readPidFile(path string) (int, error) {
+// ReadPidFile reads the pid the runtime wrote to a --pid-file.
+func ReadPidFile(path string) (int, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("read runtime pid file: %w", err)

@@ -415,12 +415,12 @@ func (t *NetTracer) reportLost(w *netWatch) {
 	w.sink.Handle(&t.ev)
 }
 
+// syncClock records the offset between CLOCK_MONOTONIC (the records'
+// timestamps) and the wall clock.
 func (t *NetTracer) syncClock() {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return
+	if off, ok := monoOffset(); ok {
+		t.monoOff.Store(off)
 	}
-	t.monoOff.Store(time.Now().UnixNano() - ts.Nano())
 }
 
 // run is the reader goroutine: every poll period it delivers the DNS

@@ -354,11 +354,18 @@ func (t *Tracer) Err() error {
 // syncClock records the offset between CLOCK_MONOTONIC (the records'
 // timestamps) and the wall clock.
 func (t *Tracer) syncClock() {
+	if off, ok := monoOffset(); ok {
+		t.monoOff.Store(off)
+	}
+}
+
+// monoOffset is the wall clock minus CLOCK_MONOTONIC, in nanoseconds.
+func monoOffset() (int64, bool) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return
+		return 0, false
 	}
-	t.monoOff.Store(time.Now().UnixNano() - ts.Nano())
+	return time.Now().UnixNano() - ts.Nano(), true
 }
 
 // run is the reader goroutine. It never blocks in the kernel: while the
