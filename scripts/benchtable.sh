@@ -18,7 +18,7 @@ awk '
 	}
 	n++
 	if ("ms" in m) {
-		target = ("target-ms" in m) ? m["target-ms"] " ms" : m["target-x"] "x"
+		target = ("target-ms" in m) ? m["target-ms"] " ms" : (("target-x" in m) ? m["target-x"] "x" : "-")
 		line[n] = sprintf("%-24s %12s %12s %8s %12s", name, m["ms"] " ms", m["ref-ms"] " ms", m["x-ref"] "x", target)
 		k = split(order, units, " ")
 		for (u = 1; u <= k; u++) {

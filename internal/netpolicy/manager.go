@@ -597,7 +597,7 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 		js.mu.Unlock()
 		return fmt.Errorf("jail %s network policy: %w", jailID, err)
 	}
-	js.up.transport.CloseIdleConnections()
+	js.up.closeIdle()
 	return nil
 }
 

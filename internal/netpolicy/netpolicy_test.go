@@ -159,7 +159,16 @@ func newTestCA(t testing.TB) *testCA {
 type internet struct {
 	ns      string
 	mu      sync.Mutex
-	headers []http.Header // request headers seen by the servers
+	headers []http.Header           // request headers seen by the servers
+	conns   map[string]int          // connections accepted, by server address
+	servers map[string]*http.Server // the HTTP servers, by address
+}
+
+// accepted returns how many connections the server at addr accepted.
+func (in *internet) accepted(addr string) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.conns[addr]
 }
 
 func (in *internet) sawHeader(key, value string) bool {
@@ -208,25 +217,45 @@ func newInternet(t testing.TB, ca *testCA) *internet {
 	// A route to the metadata address, so a leak would really reach it.
 	run(t, "ip", "route", "add", metadata.String()+"/32", "via", inetA.String(), "dev", host)
 
-	in := &internet{ns: ns}
+	in := &internet{ns: ns, conns: map[string]int{}, servers: map[string]*http.Server{}}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		in.mu.Lock()
 		in.headers = append(in.headers, r.Header.Clone())
 		in.mu.Unlock()
-		if r.URL.Path == "/big" {
+		switch r.URL.Path {
+		case "/big":
 			w.Header().Set("Content-Length", fmt.Sprint(bigSize))
 			w.Write(bigBody)
-			return
+		case "/chunked": // no length: the body is sent chunked
+			for i := 0; i < len(bigBody); i += 1 << 20 {
+				w.Write(bigBody[i : i+1<<20])
+				w.(http.Flusher).Flush()
+			}
+		case "/echo":
+			io.Copy(w, r.Body)
+		case "/empty":
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			fmt.Fprintf(w, "hello from %s %s", r.Host, r.URL.Path)
 		}
-		fmt.Fprintf(w, "hello from %s %s", r.Host, r.URL.Path)
 	})
+	serve := func(ln net.Listener) {
+		srv := &http.Server{Handler: handler, ConnState: func(c net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				in.mu.Lock()
+				in.conns[c.LocalAddr().String()]++
+				in.mu.Unlock()
+			}
+		}}
+		in.servers[ln.Addr().String()] = srv
+		go srv.Serve(ln)
+	}
 	for _, a := range []netip.Addr{inetA, inetB, inetC, metadata} {
 		for _, port := range []string{"80", "8080"} {
-			go http.Serve(listenIn(t, path, "tcp4", net.JoinHostPort(a.String(), port)), handler)
+			serve(listenIn(t, path, "tcp4", net.JoinHostPort(a.String(), port)))
 		}
-		tl := tls.NewListener(listenIn(t, path, "tcp4", net.JoinHostPort(a.String(), "443")),
-			&tls.Config{Certificates: []tls.Certificate{ca.cert}})
-		go http.Serve(tl, handler)
+		serve(tls.NewListener(listenIn(t, path, "tcp4", net.JoinHostPort(a.String(), "443")),
+			&tls.Config{Certificates: []tls.Certificate{ca.cert}}))
 		echo := listenIn(t, path, "tcp4", net.JoinHostPort(a.String(), "7"))
 		go func() {
 			for {

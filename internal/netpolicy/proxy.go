@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -55,6 +56,15 @@ type clientConn struct {
 
 func (c *clientConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// ReadFrom writes what r yields to the jail; from an upstream TCP socket
+// (bounded by an io.LimitedReader) the kernel splices it.
+func (c *clientConn) ReadFrom(r io.Reader) (int64, error) {
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
+		return tc.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}
+
 // chanListener feeds connections to the HTTP server.
 type chanListener struct {
 	ch     chan net.Conn
@@ -90,7 +100,8 @@ func (m *Manager) startServices(ctx context.Context) error {
 	m.srv = s
 	host := m.daemon.String()
 	listen := func(port int, serve func(net.Conn)) error {
-		ln, err := net.Listen("tcp4", net.JoinHostPort(host, strconv.Itoa(port)))
+		lc := net.ListenConfig{Control: unpaced}
+		ln, err := lc.Listen(ctx, "tcp4", net.JoinHostPort(host, strconv.Itoa(port)))
 		if err != nil {
 			return fmt.Errorf("listening on %s:%d: %w", host, port, err)
 		}
@@ -198,6 +209,16 @@ func (m *Manager) acceptLoop(ln net.Listener, serve func(net.Conn)) {
 		}
 		go serve(c)
 	}
+}
+
+// unpaced makes the connections a listener accepts (they come from jails)
+// use cubic congestion control. The link to a jail is a veth on this host,
+// where a pacing congestion control (the host's default may be BBR) only
+// adds idle time. Best effort: without cubic the host's default stays.
+func unpaced(network, address string, c syscall.RawConn) error {
+	return c.Control(func(fd uintptr) {
+		_ = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, "cubic")
+	})
 }
 
 // clientOf wraps an accepted connection with the jail it comes from, or
@@ -503,7 +524,8 @@ func (m *Manager) dialAllowed(ctx context.Context, js *jailState, host string, a
 // upstream is a jail's HTTP client side: a transport whose every dial is
 // checked against the jail's policy.
 type upstream struct {
-	transport *http.Transport
+	transport *http.Transport // TLS upstreams
+	plain     plainPool       // plain HTTP upstreams
 }
 
 func (m *Manager) newUpstream(js *jailState) *upstream {
@@ -529,7 +551,18 @@ func (m *Manager) newUpstream(js *jailState) *upstream {
 	return &upstream{transport: t}
 }
 
-func (u *upstream) close() { u.transport.CloseIdleConnections() }
+// closeIdle closes the idle upstream connections (after a policy change,
+// new requests connect anew).
+func (u *upstream) closeIdle() {
+	u.transport.CloseIdleConnections()
+	u.plain.closeIdle(false)
+}
+
+// close closes the idle connections and keeps none from then on.
+func (u *upstream) close() {
+	u.transport.CloseIdleConnections()
+	u.plain.closeIdle(true)
+}
 
 func (js *jailState) limiter() *limiter {
 	js.mu.Lock()
@@ -654,7 +687,14 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		body = &countingReader{r: r.Body}
 		out.Body = body
 	}
-	resp, err := js.up.transport.RoundTrip(out)
+	var resp *http.Response
+	var pc *plainConn
+	var err error
+	if scheme == "http" {
+		resp, pc, err = m.plainRoundTrip(r.Context(), js, out, host, port)
+	} else {
+		resp, err = js.up.transport.RoundTrip(out)
+	}
 	if body != nil {
 		ev.BytesOut = body.n.Load()
 	}
@@ -668,23 +708,27 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		finish(verdict, d.Rule, err)
 		return
 	}
-	defer resp.Body.Close()
 	stripHop(resp.Header)
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
 	ev.Status = resp.StatusCode
-	buf := copyBufs.Get().(*[]byte)
-	n, cerr := io.CopyBuffer(w, resp.Body, *buf)
-	copyBufs.Put(buf)
+	var n int64
+	var cerr error
+	if pc != nil {
+		var complete bool
+		n, complete, cerr = copyPlainBody(w, resp, pc)
+		js.releasePlain(pc, complete && !resp.Close && !out.Close)
+	} else {
+		buf := copyBufs.Get().(*[]byte)
+		n, cerr = io.CopyBuffer(struct{ io.Writer }{w}, resp.Body, *buf)
+		copyBufs.Put(buf)
+		resp.Body.Close()
+	}
 	ev.BytesIn = n
 	m.spend(js, ev.BytesOut+ev.BytesIn)
-	if cerr != nil {
-		finish(VerdictAllow, d.Rule, cerr)
-		return
-	}
-	finish(VerdictAllow, d.Rule, nil)
+	finish(VerdictAllow, d.Rule, cerr)
 }
 
 func hostOnly(hostport string) string {
