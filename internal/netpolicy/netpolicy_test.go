@@ -162,6 +162,9 @@ type internet struct {
 	headers []http.Header           // request headers seen by the servers
 	conns   map[string]int          // connections accepted, by server address
 	servers map[string]*http.Server // the HTTP servers, by address
+	// A request for /hold is announced on holding and answered once hold
+	// is sent to.
+	holding, hold chan struct{}
 }
 
 // accepted returns how many connections the server at addr accepted.
@@ -217,7 +220,8 @@ func newInternet(t testing.TB, ca *testCA) *internet {
 	// A route to the metadata address, so a leak would really reach it.
 	run(t, "ip", "route", "add", metadata.String()+"/32", "via", inetA.String(), "dev", host)
 
-	in := &internet{ns: ns, conns: map[string]int{}, servers: map[string]*http.Server{}}
+	in := &internet{ns: ns, conns: map[string]int{}, servers: map[string]*http.Server{},
+		holding: make(chan struct{}, 1), hold: make(chan struct{})}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		in.mu.Lock()
 		in.headers = append(in.headers, r.Header.Clone())
@@ -233,6 +237,10 @@ func newInternet(t testing.TB, ca *testCA) *internet {
 			}
 		case "/echo":
 			io.Copy(w, r.Body)
+		case "/hold":
+			in.holding <- struct{}{}
+			<-in.hold
+			fmt.Fprint(w, "released")
 		case "/empty":
 			w.WriteHeader(http.StatusNoContent)
 		default:
@@ -317,6 +325,18 @@ func (r *recorder) wait(t testing.TB, id string, what string, f func(ConnEvent) 
 		r.mu.Unlock()
 		if time.Now().After(deadline) {
 			t.Fatalf("no record of %s for jail %s; have %s", what, id, all)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitCount waits up to 5 s until jail id has n records that f accepts.
+func (r *recorder) waitCount(t testing.TB, id, what string, n int, f func(ConnEvent) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for r.count(id, f) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records of %s for jail %s, want %d", r.count(id, f), what, id, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -37,6 +37,7 @@ type plainConn struct {
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	key  string // host:port as asked by the jail
+	gen  uint64 // the pool's generation when it was dialed
 	idle time.Time
 	// stop ends the watch that aborts the connection when the request's
 	// context ends; it reports false when the abort already happened.
@@ -89,6 +90,9 @@ type plainPool struct {
 	mu     sync.Mutex
 	idle   map[string][]*plainConn
 	closed bool
+	// gen counts closeIdle calls: a connection dialed before the last
+	// one (under an earlier policy) is not kept once its request ends.
+	gen uint64
 }
 
 // get returns an idle connection to key that is still usable, or nil.
@@ -114,7 +118,7 @@ func (p *plainPool) get(key string) *plainConn {
 func (p *plainPool) put(pc *plainConn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || len(p.idle[pc.key]) >= plainIdlePerHost {
+	if p.closed || pc.gen != p.gen || len(p.idle[pc.key]) >= plainIdlePerHost {
 		pc.tc.Close()
 		return
 	}
@@ -123,6 +127,13 @@ func (p *plainPool) put(pc *plainConn) {
 	}
 	pc.idle = time.Now()
 	p.idle[pc.key] = append(p.idle[pc.key], pc)
+}
+
+// generation returns the pool's current generation.
+func (p *plainPool) generation() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.gen
 }
 
 // closeIdle closes every idle connection; with final, the pool keeps no
@@ -136,6 +147,7 @@ func (p *plainPool) closeIdle(final bool) {
 		}
 	}
 	p.idle = nil
+	p.gen++
 	p.closed = p.closed || final
 }
 
@@ -150,6 +162,7 @@ func (m *Manager) plainRoundTrip(ctx context.Context, js *jailState, req *http.R
 		pc := js.up.plain.get(key)
 		reused := pc != nil
 		if !reused {
+			gen := js.up.plain.generation() // before the dial, which obeys the policy of that moment
 			c, _, err := m.dialAllowed(ctx, js, host, netip.Addr{}, port)
 			if err != nil {
 				return nil, nil, err
@@ -159,7 +172,7 @@ func (m *Manager) plainRoundTrip(ctx context.Context, js *jailState, req *http.R
 				c.Close()
 				return nil, nil, fmt.Errorf("upstream %s: not a TCP connection", key)
 			}
-			pc = &plainConn{tc: tc, br: bufio.NewReaderSize(tc, 64<<10), bw: bufio.NewWriterSize(tc, 64<<10), key: key}
+			pc = &plainConn{tc: tc, br: bufio.NewReaderSize(tc, 64<<10), bw: bufio.NewWriterSize(tc, 64<<10), key: key, gen: gen}
 		}
 		resp, err := pc.exchange(ctx, req)
 		if err == nil {

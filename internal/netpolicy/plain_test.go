@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -48,11 +49,16 @@ func TestPlainHTTPForwarding(t *testing.T) {
 
 	// Kept-alive upstream connections: three curl runs, one connection.
 	server := inetA.String() + ":80"
+	gets := 0
 	get := func() {
 		t.Helper()
 		if got := sh("curl -sS --fail http://allowed.test/hi"); got != "hello from allowed.test /hi" {
 			t.Fatalf("GET /hi: %q", got)
 		}
+		// The proxy records a request after it released its upstream
+		// connection: wait for that, so the next request finds it.
+		gets++
+		e.rec.waitCount(t, j.id, "GET /hi", gets, func(ev ConnEvent) bool { return ev.Path == "/hi" })
 	}
 	get()
 	before := e.in.accepted(server)
@@ -70,6 +76,28 @@ func TestPlainHTTPForwarding(t *testing.T) {
 	if n := e.in.accepted(server) - before; n != 1 {
 		t.Errorf("after the upstream closed its idle connection: %d new connections, want 1", n)
 	}
+	// A policy change: idle connections are closed, and one in use by a
+	// request is not kept after it (it was dialed under the old policy).
+	get()
+	mid := e.in.accepted(server)
+	held := make(chan string, 1)
+	go func() {
+		out, _ := j.exec(t, nil, "curl", "-sS", "http://allowed.test/hold")
+		held <- out
+	}()
+	<-e.in.holding
+	if err := e.m.Update(context.Background(), j.id, basePolicy()); err != nil {
+		t.Fatal(err)
+	}
+	e.in.hold <- struct{}{}
+	if out := <-held; out != "released" {
+		t.Fatalf("GET /hold: %q", out)
+	}
+	get()
+	if n := e.in.accepted(server) - mid; n != 1 {
+		t.Errorf("after a policy change during a request: %d new connections, want 1", n)
+	}
+
 	// A client that stops reading mid-body: its upstream connection still
 	// holds the rest of the body and must not serve the next request.
 	sh("curl -sS http://allowed.test/big?abort | head -c 1000 >/dev/null; true")
@@ -77,7 +105,7 @@ func TestPlainHTTPForwarding(t *testing.T) {
 	if ev.BytesIn >= bigSize {
 		t.Errorf("aborted GET recorded %d bytes in, want fewer than %d", ev.BytesIn, bigSize)
 	}
-	mid := e.in.accepted(server)
+	mid = e.in.accepted(server)
 	get()
 	if n := e.in.accepted(server) - mid; n != 1 {
 		t.Errorf("after an aborted download: %d new connections, want 1 (the aborted one closed)", n)
