@@ -436,7 +436,7 @@ func (m *Manager) Attach(ctx context.Context, j Jail) (Attachment, error) {
 	js.limits = newLimiter(j.Policy.RequestsPerMinute, j.Policy.BytesPerHour)
 	js.up = m.newUpstream(js)
 	if err := m.plumb(js); err != nil {
-		js.up.close()
+		js.up.closeIdle(true)
 		return Attachment{}, fmt.Errorf("jail %s network: %w", j.ID, err)
 	}
 	m.jails[j.ID] = js
@@ -445,7 +445,7 @@ func (m *Manager) Attach(ctx context.Context, j Jail) (Attachment, error) {
 		delete(m.jails, j.ID)
 		delete(m.byIP, ip)
 		m.unplumb(js)
-		js.up.close()
+		js.up.closeIdle(true)
 		return Attachment{}, fmt.Errorf("jail %s network: %w", j.ID, err)
 	}
 	return m.attachment(js, cp), nil
@@ -597,7 +597,7 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 		js.mu.Unlock()
 		return fmt.Errorf("jail %s network policy: %w", jailID, err)
 	}
-	js.up.closeIdle()
+	js.up.closeIdle(false)
 	return nil
 }
 
@@ -657,7 +657,7 @@ func (m *Manager) Detach(ctx context.Context, jailID string) error {
 	}
 	err := m.applyLocked()
 	m.unplumb(js)
-	js.up.close()
+	js.up.closeIdle(true)
 	if err != nil {
 		return fmt.Errorf("jail %s network: %w", jailID, err)
 	}
@@ -677,7 +677,7 @@ func (m *Manager) Close() error {
 	m.stopServices()
 	m.mu.Lock()
 	for id, js := range m.jails {
-		js.up.close()
+		js.up.closeIdle(true)
 		delete(m.jails, id)
 	}
 	m.byIP = map[netip.Addr]*jailState{}

@@ -224,9 +224,7 @@ func copyPlainBody(w http.ResponseWriter, resp *http.Response, pc *plainConn) (i
 		return 0, true, nil
 	}
 	if resp.ContentLength <= 0 || len(resp.TransferEncoding) > 0 {
-		buf := copyBufs.Get().(*[]byte)
-		n, err := io.CopyBuffer(struct{ io.Writer }{w}, resp.Body, *buf)
-		copyBufs.Put(buf)
+		n, err := copyBody(w, resp.Body)
 		return n, err == nil, err
 	}
 	k := min(int64(pc.br.Buffered()), resp.ContentLength)

@@ -551,17 +551,12 @@ func (m *Manager) newUpstream(js *jailState) *upstream {
 	return &upstream{transport: t}
 }
 
-// closeIdle closes the idle upstream connections (after a policy change,
-// new requests connect anew).
-func (u *upstream) closeIdle() {
+// closeIdle closes the idle upstream connections: after a policy change
+// new requests connect anew; with final (the jail is gone) none is kept
+// from then on.
+func (u *upstream) closeIdle(final bool) {
 	u.transport.CloseIdleConnections()
-	u.plain.closeIdle(false)
-}
-
-// close closes the idle connections and keeps none from then on.
-func (u *upstream) close() {
-	u.transport.CloseIdleConnections()
-	u.plain.closeIdle(true)
+	u.plain.closeIdle(final)
 }
 
 func (js *jailState) limiter() *limiter {
@@ -572,6 +567,14 @@ func (js *jailState) limiter() *limiter {
 
 // copyBufs are the buffers response bodies are copied through.
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// copyBody copies a response body to w through a 256 KiB buffer (not the
+// server's 32 KiB ReadFrom path).
+func copyBody(w io.Writer, body io.Reader) (int64, error) {
+	buf := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(buf)
+	return io.CopyBuffer(struct{ io.Writer }{w}, body, *buf)
+}
 
 // hopHeaders are not forwarded.
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
@@ -721,9 +724,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		n, complete, cerr = copyPlainBody(w, resp, pc)
 		js.releasePlain(pc, complete && !resp.Close && !out.Close)
 	} else {
-		buf := copyBufs.Get().(*[]byte)
-		n, cerr = io.CopyBuffer(struct{ io.Writer }{w}, resp.Body, *buf)
-		copyBufs.Put(buf)
+		n, cerr = copyBody(w, resp.Body)
 		resp.Body.Close()
 	}
 	ev.BytesIn = n
