@@ -6,12 +6,23 @@
 # needs a newer libc, so this script builds CRIU 4.1.1 from trixie's source
 # package against bookworm's libraries.
 #
-# The build carries agentjail's patches (scripts/criu-*.patch): a root
-# without CAP_SYS_RESOURCE, as on these machines, cannot read the rlimits of
-# another uid's process with prlimit64(), so CRIU falls back to
-# /proc/PID/limits; and CRIU polls a freezing cgroup every 100 ms, which makes
-# every dump of a small jail wait 100 ms, so it first polls at short, doubling
-# intervals. A marker next to the binary records the patches built in.
+# The build carries agentjail's patches (scripts/criu-*.patch):
+#   - rlimits: a root without CAP_SYS_RESOURCE, as on these machines, cannot
+#     read the rlimits of another uid's process with prlimit64(), so CRIU
+#     falls back to /proc/PID/limits;
+#   - freeze-poll: CRIU polls a freezing cgroup every 100 ms, which makes
+#     every dump of a small jail wait 100 ms, so it first polls at short,
+#     doubling intervals;
+#   - spawn-vfork: CRIU starts tar, iptables and action scripts from a
+#     vfork-style child instead of a fork() that copies its page tables;
+#   - empty-tmpfs: an empty tmpfs mount (the masked /proc and /sys
+#     directories, /dev/shm) is dumped and restored without starting tar;
+#   - script-actions: CRIU_SCRIPT_ACTIONS limits the actions an action script
+#     is started at (agentjail's acts at post-dump only);
+#   - kdat-cache: CRIU keeps its kernel-feature cache when /run is not a
+#     tmpfs, as on these machines, valid for the boot it was made in, instead
+#     of probing the kernel (and running iptables) at every start.
+# A marker next to the binary records the patches built in.
 #
 # Idempotent: it does nothing when a criu >= 4.1 built with the current
 # patches is installed and `criu check` passes. Run as root. Environment:

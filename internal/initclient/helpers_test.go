@@ -88,6 +88,7 @@ func newEnv(t testing.TB, blocked ...string) *testEnv {
 	srv, err := initd.NewServer(initd.Options{
 		Config: initproto.InitConfig{
 			JailID:       "test",
+			IdleShims:    2,
 			DefaultUser:  "agent",
 			Workspace:    e.ws,
 			Env:          []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "BASE=base"},

@@ -99,6 +99,15 @@ fsfreeze -u "$AGENTJAIL_DISK_MOUNT" || exit 1
 exit $rc
 `
 
+// dumpConfig is the CRIU configuration of a checkpoint. The network is not
+// locked while the jail is dumped: a restored jail gets a new network
+// namespace with other addresses and its TCP connections closed
+// (tcp-close), so the connections' state in the images is never used, and
+// the running jail's network keeps working through the dump.
+func dumpConfig(hook string) string {
+	return "action-script " + hook + "\nnetwork-lock skip\n"
+}
+
 // checkpointInfo is the backend's record of a process checkpoint.
 type checkpointInfo struct {
 	// InitBinary is the init binary the jail ran; a restore binds the same
@@ -218,7 +227,7 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 		return backend.CheckpointResult{}, err
 	}
 	conf := filepath.Join(opts.Dir, dumpConf)
-	if err := os.WriteFile(conf, []byte("action-script "+hook+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte(dumpConfig(hook)), 0o600); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint config: %w", err)
 	}
 	info := checkpointInfo{InitBinary: b.opts.InitBinary, Runtime: b.caps.Runtime, CRIU: b.criu}
@@ -235,6 +244,9 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	defer cancel()
 	rc, cctx := b.criuRunc(ctx,
 		"CRIU_CONFIG_FILE="+conf,
+		// CRIU built by scripts/build-criu.sh starts the script at
+		// post-dump only; others start it at every action and it exits.
+		"CRIU_SCRIPT_ACTIONS=post-dump",
 		"AGENTJAIL_CONTROL="+p.control,
 		"AGENTJAIL_SAVE_CONTROL="+filepath.Join(opts.Dir, savedControl),
 		"AGENTJAIL_DISK_MOUNT="+p.disk,
