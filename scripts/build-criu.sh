@@ -15,8 +15,9 @@
 #     doubling intervals;
 #   - spawn-vfork: CRIU starts tar, iptables and action scripts from a
 #     vfork-style child instead of a fork() that copies its page tables;
-#   - empty-tmpfs: an empty tmpfs mount (the masked /proc and /sys
-#     directories, /dev/shm) is dumped and restored without starting tar;
+#   - tmpfs: an empty tmpfs mount (the masked /proc and /sys directories,
+#     /dev/shm) is dumped and restored without starting tar, and the others
+#     are archived without gzip (restore tells the two apart);
 #   - script-actions: CRIU_SCRIPT_ACTIONS limits the actions an action script
 #     is started at (agentjail's acts at post-dump only);
 #   - kdat-cache: CRIU keeps its kernel-feature cache when /run is not a

@@ -199,6 +199,13 @@ func (c *Client) Kill(ctx context.Context, pid int) error {
 	return c.call(ctx, "kill", initproto.MsgKill, initproto.KillRequest{Pid: pid}, nil)
 }
 
+// SetIdleShims empties init's pool of idle shims (idle false), returning
+// once they have exited, or starts filling it again (idle true). An init
+// that predates the request answers ErrInvalid.
+func (c *Client) SetIdleShims(ctx context.Context, idle bool) error {
+	return c.call(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{Idle: idle}, nil)
+}
+
 // List describes the running commands, ordered by pid.
 func (c *Client) List(ctx context.Context) ([]initproto.ProcessInfo, error) {
 	var out []initproto.ProcessInfo

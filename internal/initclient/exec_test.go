@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -431,4 +433,70 @@ func TestExecLargeArgv(t *testing.T) {
 	if o, _, _ := run(t, e.c, initproto.ExecRequest{Argv: []string{"echo", "ok"}}, nil); o != "ok\n" {
 		t.Fatalf("%q", o)
 	}
+}
+
+// TestIdleShimsDrainAndFill: emptying the pool ends the idle shims (a
+// checkpoint then has fewer processes to dump), commands still run, and
+// filling starts them again.
+func TestIdleShimsDrainAndFill(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"/bin/true"}}, nil, nil, nil); err != nil || st.Code != 0 {
+		t.Fatalf("exec: %v %+v", err, st)
+	}
+	waitFor(t, 10*time.Second, "two idle shims", func() bool { return len(shimChildren(t)) == 2 })
+	before := shimChildren(t)
+	if err := e.c.SetIdleShims(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	// The answer comes once they have exited.
+	for _, pid := range before {
+		if alive(pid) {
+			t.Fatalf("idle shim %d still exists after the pool was emptied", pid)
+		}
+	}
+	if got := shimChildren(t); len(got) != 0 {
+		t.Fatalf("shims after emptying the pool: %v", got)
+	}
+	if err := e.c.SetIdleShims(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the pool to fill again", func() bool { return len(shimChildren(t)) == 2 })
+	var out bytes.Buffer
+	if st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"/bin/echo", "again"}}, nil, &out, nil); err != nil || st.Code != 0 || out.String() != "again\n" {
+		t.Fatalf("exec after refilling: %v %+v %q", err, st, out.String())
+	}
+}
+
+// shimChildren lists this process's shim children (the test binary
+// re-executed as `init --shim`), zombies excluded.
+func shimChildren(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := os.Getpid()
+	var pids []int
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		i := strings.LastIndexByte(s, ')')
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 || f[0] == "Z" || f[1] != strconv.Itoa(self) {
+			continue
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmd), "--shim") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }

@@ -413,6 +413,17 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 		return s.attach(c, req)
 	case initproto.MsgSessions:
 		return c.sendJSON(initproto.MsgOK, s.listSessions())
+	case initproto.MsgShims:
+		var req initproto.ShimsRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		if req.Idle {
+			s.shims.fill()
+		} else {
+			s.shims.drain(shimDrainTimeout)
+		}
+		return c.sendJSON(initproto.MsgOK, nil)
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,
 		initproto.MsgMkdir, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
 		return s.fileOp(c, t, payload)

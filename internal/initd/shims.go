@@ -139,6 +139,43 @@ func (sp *shimPool) get() (*shimProc, error) {
 	return sp.spawn()
 }
 
+// shimDrainTimeout bounds the wait for drained idle shims to exit.
+const shimDrainTimeout = 2 * time.Second
+
+// drain lets the idle shims exit and waits up to timeout until they have.
+// The pool fills again at the next get or fill.
+func (sp *shimPool) drain(timeout time.Duration) {
+	sp.mu.Lock()
+	idle := sp.idle
+	sp.idle = nil
+	sp.mu.Unlock()
+	for _, sh := range idle {
+		sh.ctrl.Close() // the idle shim exits on EOF
+	}
+	deadline := time.After(timeout)
+	for _, sh := range idle {
+		select {
+		case <-sh.done:
+		case <-deadline:
+			return
+		}
+	}
+}
+
+// fill starts filling the pool in the background unless it is full, being
+// filled or closed.
+func (sp *shimPool) fill() {
+	sp.mu.Lock()
+	start := !sp.closed && !sp.spawning && len(sp.idle) < sp.maxIdle
+	if start {
+		sp.spawning = true
+	}
+	sp.mu.Unlock()
+	if start {
+		go sp.refill()
+	}
+}
+
 // refill starts idle shims until the pool is full. A full pool lets a
 // command start without a shim start (a Go process: milliseconds of CPU)
 // competing with it, unless more commands run at once than it holds.

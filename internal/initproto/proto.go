@@ -100,6 +100,7 @@ const (
 	MsgKill      MsgType = 0x05 // KillRequest
 	MsgList      MsgType = 0x06 // empty payload; OK carries []ProcessInfo
 	MsgSessions  MsgType = 0x07 // empty payload; OK carries []SessionInfo
+	MsgShims     MsgType = 0x08 // ShimsRequest
 	MsgStat      MsgType = 0x10 // PathRequest; OK carries FileInfo
 	MsgReadDir   MsgType = 0x11 // PathRequest; OK carries []FileInfo
 	MsgReadFile  MsgType = 0x12 // PathRequest
@@ -153,7 +154,7 @@ func (t MsgType) String() string {
 
 var msgNames = map[MsgType]string{
 	MsgPing: "ping", MsgExec: "exec", MsgAttach: "attach", MsgSignal: "signal", MsgKill: "kill",
-	MsgList: "list", MsgSessions: "sessions", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
+	MsgList: "list", MsgSessions: "sessions", MsgShims: "shims", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
 	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgRemove: "remove", MsgRename: "rename",
 	MsgAccess: "access", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
 	MsgPTYSignal: "pty-signal",

@@ -142,6 +142,15 @@ type KillRequest struct {
 	Pid int `json:"pid"`
 }
 
+// ShimsRequest sets init's pool of idle shims (MsgShims). With Idle false
+// the idle shims exit, and init answers once they have, so that a
+// checkpoint has fewer processes to dump; the pool fills again at the next
+// command or at a request with Idle true, which starts filling it in the
+// background.
+type ShimsRequest struct {
+	Idle bool `json:"idle"`
+}
+
 // ProcessInfo describes a running command (MsgList).
 type ProcessInfo struct {
 	Pid       int       `json:"pid"`

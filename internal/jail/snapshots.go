@@ -156,6 +156,19 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 		snap.DiskUsedBytes = st.DiskUsedBytes
 	}
 	start := time.Now()
+	if mode == model.SnapshotFull {
+		// Init's idle shims are processes CRIU would dump and restore for
+		// nothing: let them exit first, and refill the pool afterwards.
+		ctl := m.backend.Control(inst)
+		if err := ctl.SetIdleShims(ctx, false); err != nil {
+			m.log.Warn("emptying init's idle shims before a snapshot", "jail", j.Name, "err", err)
+		}
+		defer func() {
+			if err := ctl.SetIdleShims(context.WithoutCancel(ctx), true); err != nil {
+				m.log.Warn("refilling init's idle shims after a snapshot", "jail", j.Name, "err", err)
+			}
+		}()
+	}
 	res, err := ck.Checkpoint(ctx, inst, backend.CheckpointOptions{
 		Dir: store.Dir(sid), DiskImage: store.Image(sid), Processes: mode == model.SnapshotFull,
 	})
@@ -349,7 +362,9 @@ func (m *Manager) Branch(ctx context.Context, sid string, count int, namePrefix 
 	}
 	out := make([]*model.Jail, count)
 	errs := make([]error, count)
-	sem := make(chan struct{}, max(runtime.NumCPU(), 1))
+	// Two restores per CPU: each spends part of its time waiting for runc
+	// and CRIU to start.
+	sem := make(chan struct{}, max(2*runtime.NumCPU(), 1))
 	var wg sync.WaitGroup
 	for i := range names {
 		wg.Add(1)
