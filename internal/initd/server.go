@@ -158,13 +158,7 @@ func (s *Server) Serve(l net.Listener) error {
 		// Start the idle shims now, not in NewServer: a shim inherits
 		// init's stderr as it is when the shim starts, and Main redirects
 		// stderr to the log between the two.
-		s.shims.mu.Lock()
-		start := s.shims.maxIdle > 0
-		s.shims.spawning = start
-		s.shims.mu.Unlock()
-		if start {
-			go s.shims.refill()
-		}
+		s.shims.fill()
 	})
 	defer func() {
 		s.mu.Lock()

@@ -99,7 +99,9 @@ type shimPool struct {
 
 	mu        sync.Mutex
 	idle      []*shimProc
-	spawning  bool
+	spawning  bool          // a refill runs
+	refilled  chan struct{} // closed when that refill ends
+	paused    bool          // drained: no refill until the next get or fill
 	closed    bool
 	lingering map[*shimProc]struct{}
 }
@@ -125,34 +127,55 @@ func (sp *shimPool) get() (*shimProc, error) {
 			sh = nil
 		}
 	}
-	refill := sp.maxIdle > 0 && len(sp.idle) == 0 && !sp.spawning
-	if refill {
-		sp.spawning = true
+	sp.paused = false
+	if len(sp.idle) == 0 {
+		sp.startRefillLocked()
 	}
 	sp.mu.Unlock()
-	if refill {
-		go sp.refill()
-	}
 	if sh != nil {
 		return sh, nil
 	}
 	return sp.spawn()
 }
 
+// startRefillLocked starts filling the pool in the background unless it is
+// full, being filled or closed. sp.mu is held.
+func (sp *shimPool) startRefillLocked() {
+	if sp.closed || sp.spawning || len(sp.idle) >= sp.maxIdle {
+		return
+	}
+	sp.spawning = true
+	sp.refilled = make(chan struct{})
+	go sp.refill(sp.refilled)
+}
+
 // shimDrainTimeout bounds the wait for drained idle shims to exit.
 const shimDrainTimeout = 2 * time.Second
 
-// drain lets the idle shims exit and waits up to timeout until they have.
-// The pool fills again at the next get or fill.
+// drain lets the idle shims exit and waits up to timeout until they have,
+// and until a refill under way has ended (its shims exit too). The pool
+// fills again at the next get or fill.
 func (sp *shimPool) drain(timeout time.Duration) {
 	sp.mu.Lock()
+	sp.paused = true
 	idle := sp.idle
 	sp.idle = nil
+	var refilled chan struct{}
+	if sp.spawning {
+		refilled = sp.refilled
+	}
 	sp.mu.Unlock()
 	for _, sh := range idle {
 		sh.ctrl.Close() // the idle shim exits on EOF
 	}
 	deadline := time.After(timeout)
+	if refilled != nil {
+		select {
+		case <-refilled:
+		case <-deadline:
+			return
+		}
+	}
 	for _, sh := range idle {
 		select {
 		case <-sh.done:
@@ -162,24 +185,21 @@ func (sp *shimPool) drain(timeout time.Duration) {
 	}
 }
 
-// fill starts filling the pool in the background unless it is full, being
-// filled or closed.
+// fill starts filling the pool in the background.
 func (sp *shimPool) fill() {
 	sp.mu.Lock()
-	start := !sp.closed && !sp.spawning && len(sp.idle) < sp.maxIdle
-	if start {
-		sp.spawning = true
-	}
+	sp.paused = false
+	sp.startRefillLocked()
 	sp.mu.Unlock()
-	if start {
-		go sp.refill()
-	}
 }
 
-// refill starts idle shims until the pool is full. A full pool lets a
-// command start without a shim start (a Go process: milliseconds of CPU)
-// competing with it, unless more commands run at once than it holds.
-func (sp *shimPool) refill() {
+// refill starts idle shims until the pool is full, then closes done. A
+// full pool lets a command start without a shim start (a Go process:
+// milliseconds of CPU) competing with it, unless more commands run at once
+// than it holds. A shim started after a drain is let go, and refill waits
+// for it to exit.
+func (sp *shimPool) refill(done chan struct{}) {
+	defer close(done)
 	for {
 		sh, err := sp.spawn()
 		if err != nil {
@@ -189,30 +209,36 @@ func (sp *shimPool) refill() {
 			fmt.Fprintf(os.Stderr, "agentjail init: start idle shim: %v\n", err)
 			return
 		}
-		sp.put(sh)
+		if !sp.put(sh) {
+			select {
+			case <-sh.done:
+			case <-time.After(shimDrainTimeout):
+			}
+		}
 		sp.mu.Lock()
-		done := sp.closed || len(sp.idle) >= sp.maxIdle
-		if done {
+		stop := sp.closed || sp.paused || len(sp.idle) >= sp.maxIdle
+		if stop {
 			sp.spawning = false
 		}
 		sp.mu.Unlock()
-		if done {
+		if stop {
 			return
 		}
 	}
 }
 
-// put returns a clean shim to the pool (or lets it exit when the pool is
-// full or closed).
-func (sp *shimPool) put(sh *shimProc) {
+// put returns a clean shim to the pool and reports true, or lets it exit
+// (the pool is full, drained or closed) and reports false.
+func (sp *shimPool) put(sh *shimProc) bool {
 	sp.mu.Lock()
-	if sp.closed || len(sp.idle) >= sp.maxIdle || sh.exited() {
+	if sp.closed || sp.paused || len(sp.idle) >= sp.maxIdle || sh.exited() {
 		sp.mu.Unlock()
 		sh.ctrl.Close() // the idle shim exits on EOF
-		return
+		return false
 	}
 	sp.idle = append(sp.idle, sh)
 	sp.mu.Unlock()
+	return true
 }
 
 // linger records a shim that stays with a finished command's leftovers;

@@ -264,12 +264,28 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 		_ = thawFS(p.disk)
 		return backend.CheckpointResult{}, dumpError(inst, filepath.Join(work, "dump.log"), err)
 	}
-	if _, err := os.Stat(opts.DiskImage); err != nil {
+	if err := sameSize(b.opts.Pool.DiskPath(inst.ID), opts.DiskImage); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: the disk copy was not made: %w", inst.Name, err)
 	}
 	res := backend.CheckpointResult{Frozen: frozenTime(filepath.Join(work, "dump.log"))}
 	res.ProcessBytes, _ = dirSize(images)
 	return res, nil
+}
+
+// sameSize checks that copy exists with the size of src.
+func sameSize(src, copy string) error {
+	a, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	b, err := os.Stat(copy)
+	if err != nil {
+		return err
+	}
+	if a.Size() != b.Size() {
+		return fmt.Errorf("%s has %d bytes, %s %d", copy, b.Size(), src, a.Size())
+	}
+	return nil
 }
 
 // checkpointFS records the jail's disk only: freeze the filesystem (which
