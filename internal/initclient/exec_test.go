@@ -462,6 +462,23 @@ func TestIdleShimsDrainAndFill(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the pool to fill again", func() bool { return len(shimChildren(t)) == 2 })
+
+	// A drain right after a command, while the pool refills, also waits
+	// for the shims being started: none is left when init answers.
+	for range 3 {
+		if st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"/bin/true"}}, nil, nil, nil); err != nil || st.Code != 0 {
+			t.Fatalf("exec: %v %+v", err, st)
+		}
+		if err := e.c.SetIdleShims(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		if got := shimChildren(t); len(got) != 0 {
+			t.Fatalf("shims after emptying a refilling pool: %v", got)
+		}
+	}
+	if err := e.c.SetIdleShims(ctx, true); err != nil {
+		t.Fatal(err)
+	}
 	var out bytes.Buffer
 	if st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"/bin/echo", "again"}}, nil, &out, nil); err != nil || st.Code != 0 || out.String() != "again\n" {
 		t.Fatalf("exec after refilling: %v %+v %q", err, st, out.String())
