@@ -36,11 +36,7 @@ func newCreateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), j)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), j.ID)
-			return nil
+			return g.printCreated(cmd.OutOrStdout(), j, j.ID)
 		},
 	}
 	cf.register(cmd.Flags(), true)

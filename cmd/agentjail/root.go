@@ -144,6 +144,16 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// printCreated reports a created object: as JSON with --json, else its id
+// alone, for scripts.
+func (g *globals) printCreated(w io.Writer, v any, id string) error {
+	if g.json {
+		return printJSON(w, v)
+	}
+	_, err := fmt.Fprintln(w, id)
+	return err
+}
+
 // printJSONList writes a list as JSON: an empty list is [], never null.
 func printJSONList[T any](w io.Writer, list []T) error {
 	if list == nil {

@@ -37,11 +37,7 @@ filesystem only (no CRIU needed); restoring such a snapshot boots a fresh init.`
 			if err != nil {
 				return err
 			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), s)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), s.ID)
-			return nil
+			return g.printCreated(cmd.OutOrStdout(), s, s.ID)
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "the snapshot's name (default: JAIL-<id>)")
@@ -102,11 +98,7 @@ func newRestoreCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), j)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), j.ID)
-			return nil
+			return g.printCreated(cmd.OutOrStdout(), j, j.ID)
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "the new jail's name")

@@ -99,8 +99,7 @@ type shimPool struct {
 
 	mu        sync.Mutex
 	idle      []*shimProc
-	spawning  bool          // a refill runs
-	refilled  chan struct{} // closed when that refill ends
+	refilled  chan struct{} // while a refill runs: closed when it ends
 	paused    bool          // drained: no refill until the next get or fill
 	closed    bool
 	lingering map[*shimProc]struct{}
@@ -141,10 +140,9 @@ func (sp *shimPool) get() (*shimProc, error) {
 // startRefillLocked starts filling the pool in the background unless it is
 // full, being filled or closed. sp.mu is held.
 func (sp *shimPool) startRefillLocked() {
-	if sp.closed || sp.spawning || len(sp.idle) >= sp.maxIdle {
+	if sp.closed || sp.refilled != nil || len(sp.idle) >= sp.maxIdle {
 		return
 	}
-	sp.spawning = true
 	sp.refilled = make(chan struct{})
 	go sp.refill(sp.refilled)
 }
@@ -160,10 +158,7 @@ func (sp *shimPool) drain(timeout time.Duration) {
 	sp.paused = true
 	idle := sp.idle
 	sp.idle = nil
-	var refilled chan struct{}
-	if sp.spawning {
-		refilled = sp.refilled
-	}
+	refilled := sp.refilled
 	sp.mu.Unlock()
 	for _, sh := range idle {
 		sh.ctrl.Close() // the idle shim exits on EOF
@@ -204,7 +199,7 @@ func (sp *shimPool) refill(done chan struct{}) {
 		sh, err := sp.spawn()
 		if err != nil {
 			sp.mu.Lock()
-			sp.spawning = false
+			sp.refilled = nil
 			sp.mu.Unlock()
 			fmt.Fprintf(os.Stderr, "agentjail init: start idle shim: %v\n", err)
 			return
@@ -218,7 +213,7 @@ func (sp *shimPool) refill(done chan struct{}) {
 		sp.mu.Lock()
 		stop := sp.closed || sp.paused || len(sp.idle) >= sp.maxIdle
 		if stop {
-			sp.spawning = false
+			sp.refilled = nil
 		}
 		sp.mu.Unlock()
 		if stop {

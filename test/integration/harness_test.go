@@ -730,6 +730,20 @@ func (d *daemon) shAs(tb testing.TB, id, user, script string) execResult {
 	return d.exec(tb, id, execReq{Cmd: []string{"sh", "-c", script}, User: user, TimeoutMs: 120_000})
 }
 
+// waitSh waits until `sh -c script`, run as root, exits 0; what names the
+// awaited state in the failure.
+func (d *daemon) waitSh(tb testing.TB, id, script string, timeout time.Duration, what string) {
+	tb.Helper()
+	if err := waitFor(timeout, func() error {
+		if res := d.shAs(tb, id, "root", script); res.ExitCode != 0 {
+			return fmt.Errorf("jail %s: %s", id, what)
+		}
+		return nil
+	}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // mustSh runs `sh -c script` as the default user, requires exit 0 and
 // returns stdout.
 func (d *daemon) mustSh(tb testing.TB, id, script string) string {

@@ -265,14 +265,7 @@ func TestSnapshotUnderLoadIsConsistent(t *testing.T) {
 	if res := d.shAs(t, j.ID, "", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i >> /workspace/seq; done' >/dev/null 2>&1 </dev/null`); res.ExitCode != 0 {
 		t.Fatalf("starting the writer: %s", &res)
 	}
-	if err := waitFor(10*time.Second, func() error {
-		if res := d.shAs(t, j.ID, "root", "test -s /workspace/seq"); res.ExitCode != 0 {
-			return fmt.Errorf("the writer has not written yet")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d.waitSh(t, j.ID, "test -s /workspace/seq", 10*time.Second, "the writer has not written yet")
 	snap := d.takeSnapshot(t, j.ID, "full")
 	r := d.restoreSnapshot(t, snap.ID)
 	if err := waitFor(10*time.Second, func() error {
@@ -303,14 +296,7 @@ func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	if res := d.shAs(t, j.ID, "", holder); res.ExitCode != 0 {
 		t.Fatalf("starting the traced process: %s", &res)
 	}
-	if err := waitFor(10*time.Second, func() error {
-		if res := d.shAs(t, j.ID, "", "pgrep -f '^sleep 3600$'"); res.ExitCode != 0 {
-			return fmt.Errorf("traced sleep not running yet")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d.waitSh(t, j.ID, "pgrep -f '^sleep 3600$'", 10*time.Second, "traced sleep not running yet")
 	before := d.waitCounting(t, j.ID, 0)
 	r := d.api.do(t, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{})
 	if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "pid ") {

@@ -185,15 +185,7 @@ func (w *wsTerm) waitExit(tb testing.TB) (int, websocket.StatusCode) {
 // jailHas waits until a process named comm runs in the jail.
 func jailHas(tb testing.TB, d *daemon, id, comm string) {
 	tb.Helper()
-	if err := waitFor(30*time.Second, func() error {
-		res := d.shAs(tb, id, "root", "pgrep -x "+comm)
-		if res.ExitCode == 0 {
-			return nil
-		}
-		return fmt.Errorf("no %s process in jail %s", comm, id)
-	}); err != nil {
-		tb.Fatal(err)
-	}
+	d.waitSh(tb, id, "pgrep -x "+comm, 30*time.Second, "no "+comm+" process")
 }
 
 func TestTerminalWebSocket(t *testing.T) {
