@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/gopacket/gopacket/afpacket"
-	"github.com/gopacket/gopacket/layers"
-	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
@@ -36,7 +34,7 @@ type Capture struct {
 	tp     *afpacket.TPacket
 	f      *os.File
 	bw     *bufio.Writer
-	w      *pcapgo.Writer
+	w      *pcapWriter
 
 	mu      sync.Mutex
 	stopAt  time.Time // zero while running
@@ -91,8 +89,8 @@ func StartCapture(ifname, path string) (*Capture, error) {
 	}
 	c := &Capture{ifname: ifname, path: path, tp: tp, f: f, done: make(chan struct{})}
 	c.bw = bufio.NewWriterSize(f, 1<<20)
-	c.w = pcapgo.NewWriterNanos(c.bw)
-	if err := c.w.WriteFileHeader(captureSnaplen, layers.LinkTypeEthernet); err != nil {
+	c.w = &pcapWriter{w: c.bw}
+	if err := c.w.writeFileHeader(captureSnaplen); err != nil {
 		tp.Close()
 		f.Close()
 		os.Remove(path)
@@ -112,9 +110,8 @@ func (c *Capture) run() {
 		case err == nil:
 			if len(data) > captureSnaplen {
 				data = data[:captureSnaplen]
-				ci.CaptureLength = captureSnaplen
 			}
-			if werr := c.w.WritePacket(ci, data); werr != nil {
+			if werr := c.w.writePacket(ci.Timestamp, ci.Length, data); werr != nil {
 				c.fail(fmt.Errorf("capture: write %s: %w", c.path, werr))
 				return
 			}
