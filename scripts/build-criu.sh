@@ -13,6 +13,10 @@
 #   - freeze-poll: CRIU polls a freezing cgroup every 100 ms, which makes
 #     every dump of a small jail wait 100 ms, so it first polls at short,
 #     doubling intervals;
+#   - freeze-vfork: a process frozen while it waits for a vfork() child's
+#     exec (dash, posix_spawn and Go start programs so) cannot be seized,
+#     and the dump failed after its 10 s timeout; CRIU now thaws for a
+#     millisecond and freezes again until no task of the cgroup waits so;
 #   - spawn-vfork: CRIU starts tar, iptables and action scripts from a
 #     vfork-style child instead of a fork() that copies its page tables;
 #   - tmpfs: an empty tmpfs mount (the masked /proc and /sys directories,

@@ -285,6 +285,32 @@ func TestSnapshotUnderLoadIsConsistent(t *testing.T) {
 	}
 }
 
+// TestSnapshotWhileSpawning snapshots a jail whose shell starts programs
+// in a tight loop. dash starts each with vfork(), and the child tries the
+// directories of $PATH in turn (sleep is in the fourth), so the freeze
+// often catches the shell waiting for a child that has not exec'd yet;
+// every snapshot must still succeed, and the restored loop carry on.
+func TestSnapshotWhileSpawning(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	loop := `setsid -f sh -c 'i=0; while :; do sleep 0; i=$((i+1)); echo $i > /workspace/spawns; done' >/dev/null 2>&1 </dev/null`
+	if res := d.shAs(t, j.ID, "", loop); res.ExitCode != 0 {
+		t.Fatalf("starting the loop: %s", &res)
+	}
+	d.waitSh(t, j.ID, "test -s /workspace/spawns", 10*time.Second, "the loop has not started a program yet")
+	var snap snapshotInfo
+	for range 8 {
+		snap = d.takeSnapshot(t, j.ID, "full")
+	}
+	r := d.restoreSnapshot(t, snap.ID)
+	spawns := func() int {
+		n, _ := strconv.Atoi(strings.TrimSpace(d.shAs(t, r.ID, "root", "cat /workspace/spawns").Stdout))
+		return n
+	}
+	first := spawns()
+	d.waitSh(t, r.ID, fmt.Sprintf(`test "$(cat /workspace/spawns)" -gt %d`, first+10), 10*time.Second, "the restored loop does not go on")
+}
+
 func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	d := shared(t)
 	j := snapJail(t, d)
