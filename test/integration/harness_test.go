@@ -184,6 +184,8 @@ type daemon struct {
 	ids *idWatcher
 	// flags are added to serve's command line.
 	flags []string
+	// bin, when set, is the agentjail binary run instead of binPath.
+	bin string
 }
 
 var listeningRE = regexp.MustCompile(`agentjail: listening on http://(\S+)`)
@@ -233,7 +235,11 @@ func (d *daemon) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(binPath, append([]string{"serve", "--data-dir", d.dir, "--addr", "127.0.0.1:0"}, d.flags...)...)
+	bin := binPath
+	if d.bin != "" {
+		bin = d.bin
+	}
+	cmd := exec.Command(bin, append([]string{"serve", "--data-dir", d.dir, "--addr", "127.0.0.1:0"}, d.flags...)...)
 	cmd.Stdout = logf
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -244,7 +250,7 @@ func (d *daemon) start() error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return fmt.Errorf("starting %s: %w", binPath, err)
+		return fmt.Errorf("starting %s: %w", bin, err)
 	}
 	d.cmd = cmd
 	d.pid = cmd.Process.Pid

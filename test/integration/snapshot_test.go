@@ -311,6 +311,43 @@ func TestSnapshotWhileSpawning(t *testing.T) {
 	d.waitSh(t, r.ID, fmt.Sprintf(`test "$(cat /workspace/spawns)" -gt %d`, first+10), 10*time.Second, "the restored loop does not go on")
 }
 
+// TestSnapshotAcrossDaemonUpgrade: a jail started by one daemon binary is
+// snapshotted and restored by another (an upgrade, with the jail running
+// through it), and a snapshot taken before the upgrade still restores.
+// Both restored jails run the init binary their processes were dumped
+// from.
+func TestSnapshotAcrossDaemonUpgrade(t *testing.T) {
+	d := newDaemon(t)
+	j := d.createJail(t, nil)
+	if res := d.shAs(t, j.ID, "", counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: %s", &res)
+	}
+	before := d.takeSnapshot(t, j.ID, "full")
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The upgrade: a binary with other contents (bytes after the ELF
+	// image change its digest, not its code).
+	data, err := os.ReadFile(binPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.bin = filepath.Join(t.TempDir(), "agentjail")
+	if err := os.WriteFile(d.bin, append(data, []byte("upgrade")...), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.restart(); err != nil {
+		t.Fatal(err)
+	}
+	n := d.waitCounting(t, j.ID, 0)
+	after := d.takeSnapshot(t, j.ID, "full")
+	for _, s := range []snapshotInfo{before, after} {
+		r := d.restoreSnapshot(t, s.ID)
+		d.waitCounting(t, r.ID, d.waitCounting(t, r.ID, 0))
+	}
+	d.waitCounting(t, j.ID, n)
+}
+
 func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	d := shared(t)
 	j := snapJail(t, d)

@@ -230,7 +230,7 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	if err := os.WriteFile(conf, []byte(dumpConfig(hook)), 0o600); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint config: %w", err)
 	}
-	info := checkpointInfo{InitBinary: b.opts.InitBinary, Runtime: b.caps.Runtime, CRIU: b.criu}
+	info := checkpointInfo{InitBinary: b.jailInitBinary(p.dir), Runtime: b.caps.Runtime, CRIU: b.criu}
 	data, _ := json.MarshalIndent(info, "", "  ")
 	if err := os.WriteFile(filepath.Join(opts.Dir, checkpointRec), data, 0o600); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint record: %w", err)
@@ -727,6 +727,27 @@ func (b *Backend) pinInitBinary(snapDir, bundle string) error {
 		return err
 	}
 	return writeFileAtomic(cfgPath, out, 0o600)
+}
+
+// jailInitBinary is the host path of the init binary the jail's bundle
+// binds: the daemon's binary of when the jail started, which an upgrade of
+// the daemon since then has made differ from the current one. It is the
+// current one when the bundle names none.
+func (b *Backend) jailInitBinary(bundle string) string {
+	var spec struct {
+		Mounts []struct {
+			Destination string `json:"destination"`
+			Source      string `json:"source"`
+		} `json:"mounts"`
+	}
+	if raw, err := os.ReadFile(filepath.Join(bundle, "config.json")); err == nil && json.Unmarshal(raw, &spec) == nil {
+		for _, m := range spec.Mounts {
+			if m.Destination == oci.InitPath && m.Source != "" {
+				return m.Source
+			}
+		}
+	}
+	return b.opts.InitBinary
 }
 
 // waitInit waits until init answers on its control socket.
