@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -373,11 +374,27 @@ print(s.connect_ex(("192.0.2.10", 22)))'`)
 	if len(lines) != 2 || lines[0] != "403" || lines[1] == "0" {
 		t.Fatalf("refused requests: %s", &res)
 	}
-	var log struct{ body string }
-	r := d.api.do(t, "GET", "/jails/"+j.ID+"/network/log", nil)
-	log.body = string(r.body)
+	// The kernel's refusal reaches the record through NFLOG, after the
+	// connect has failed: poll for it.
+	var body string
 	var sawCurl, sawPython bool
-	for _, line := range strings.Split(log.body, "\n") {
+	err := waitFor(10*time.Second, func() error {
+		body = string(d.api.do(t, "GET", "/jails/"+j.ID+"/network/log", nil).body)
+		sawCurl, sawPython = refusedRecords(body)
+		if !sawCurl || !sawPython {
+			return errors.New("records missing")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("network log lacks the refused requests (curl with its pid %v, direct connection %v):\n%s", sawCurl, sawPython, body)
+	}
+}
+
+// refusedRecords reports whether a network log holds the refused proxied
+// request of curl (with its pid) and the refused direct connection.
+func refusedRecords(log string) (sawCurl, sawPython bool) {
+	for _, line := range strings.Split(log, "\n") {
 		var ev struct {
 			Comm    string `json:"comm"`
 			Pid     int    `json:"pid"`
@@ -395,7 +412,5 @@ print(s.connect_ex(("192.0.2.10", 22)))'`)
 			sawPython = true
 		}
 	}
-	if !sawCurl || !sawPython {
-		t.Fatalf("network log lacks the refused requests (curl with its pid %v, direct connection %v):\n%s", sawCurl, sawPython, log.body)
-	}
+	return sawCurl, sawPython
 }

@@ -520,10 +520,7 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	}
 	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
-	if err := b.ensure(ctx, inst, p); err != nil {
-		return backend.Status{}, err
-	}
-	att, err := b.attach(ctx, inst, p)
+	att, err := b.prepare(ctx, inst, p)
 	if err != nil {
 		return backend.Status{}, err
 	}

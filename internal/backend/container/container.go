@@ -407,8 +407,9 @@ func (b *Backend) writeBundle(inst backend.Instance, p paths, hostNet bool) erro
 	return oci.WriteBundle(p.dir, spec)
 }
 
-// ensure re-establishes what Prepare made when it is missing (after a host
-// reboot or a crash), so that Start works from any stopped state.
+// ensure re-establishes the mounts Prepare made when they are missing
+// (after a host reboot or a crash), so that Start works from any stopped
+// state; prepare does the same for the network namespace.
 func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) error {
 	lower, err := b.lower(inst)
 	if err != nil {
@@ -426,28 +427,53 @@ func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) er
 			return fmt.Errorf("jail root: %w", err)
 		}
 	}
-	if !netns.Exists(p.netns) {
-		if err := netns.Create(p.netns); err != nil {
-			return fmt.Errorf("network namespace: %w", err)
-		}
-	}
 	_ = os.Remove(filepath.Join(p.control, initproto.SocketName))
 	return nil
+}
+
+// prepare makes the jail's network namespace, then mounts its disk and
+// root (ensure) while it attaches the namespace to the network: the two
+// are independent until the network's files go into the root. On error
+// the network is detached; mounts are left to the caller's cleanup, as
+// after a failed ensure.
+func (b *Backend) prepare(ctx context.Context, inst backend.Instance, p paths) (netpolicy.Attachment, error) {
+	if !netns.Exists(p.netns) {
+		if err := netns.Create(p.netns); err != nil {
+			return netpolicy.Attachment{}, fmt.Errorf("network namespace: %w", err)
+		}
+	}
+	type attached struct {
+		att netpolicy.Attachment
+		err error
+	}
+	done := make(chan attached, 1)
+	go func() {
+		att, err := b.attachNet(ctx, inst, p)
+		done <- attached{att, err}
+	}()
+	err := b.ensure(ctx, inst, p)
+	a := <-done
+	if err != nil || a.err != nil {
+		if a.err == nil {
+			b.detach(context.WithoutCancel(ctx), inst)
+		}
+		if err != nil {
+			return netpolicy.Attachment{}, err
+		}
+		return netpolicy.Attachment{}, a.err
+	}
+	return a.att, b.writeNetFiles(ctx, inst, p, a.att)
 }
 
 // Start implements backend.Backend.
 func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Status, error) {
 	p := b.paths(inst)
 	t0 := time.Now()
-	if err := b.ensure(ctx, inst, p); err != nil {
-		return backend.Status{}, err
-	}
-	tEnsure := time.Now()
-	att, err := b.attach(ctx, inst, p)
+	att, err := b.prepare(ctx, inst, p)
 	if err != nil {
 		return backend.Status{}, err
 	}
-	tAttach := time.Now()
+	tPrepare := time.Now()
 	ok := false
 	defer func() {
 		if !ok {
@@ -489,8 +515,8 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 		return backend.Status{}, fmt.Errorf("start jail init: %w", err)
 	}
 	ok = true
-	b.opts.Log.Debug("started jail", "jail", inst.ID, "ensure", tEnsure.Sub(t0), "network", tAttach.Sub(tEnsure),
-		"bundle", tBundle.Sub(tAttach), "runtime_create", tCreate.Sub(tBundle), "start", time.Since(tCreate), "total", time.Since(t0))
+	b.opts.Log.Debug("started jail", "jail", inst.ID, "disk_and_network", tPrepare.Sub(t0),
+		"bundle", tBundle.Sub(tPrepare), "runtime_create", tCreate.Sub(tBundle), "start", time.Since(tCreate), "total", time.Since(t0))
 	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}, nil
 }
 
@@ -498,6 +524,16 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 // network and installs what the jail needs to use it: resolv.conf and,
 // with TLS inspection, the daemon's CA. Mode none gets loopback only.
 func (b *Backend) attach(ctx context.Context, inst backend.Instance, p paths) (netpolicy.Attachment, error) {
+	att, err := b.attachNet(ctx, inst, p)
+	if err != nil {
+		return netpolicy.Attachment{}, err
+	}
+	return att, b.writeNetFiles(ctx, inst, p, att)
+}
+
+// attachNet connects the jail's network namespace (which must exist) to
+// the daemon's policed network; mode none gets loopback only.
+func (b *Backend) attachNet(ctx context.Context, inst backend.Instance, p paths) (netpolicy.Attachment, error) {
 	n := inst.Config.Isolation.Network
 	if n.Mode == config.NetNone {
 		return netpolicy.Attachment{}, nil
@@ -509,19 +545,23 @@ func (b *Backend) attach(ctx context.Context, inst backend.Instance, p paths) (n
 	if err != nil {
 		return netpolicy.Attachment{}, fmt.Errorf("network: %w", err)
 	}
-	if att.ResolvConf != "" {
-		if err := writeInRoot(p.merged, "/etc/resolv.conf", []byte(att.ResolvConf), 0o644); err != nil {
-			b.detach(ctx, inst)
-			return netpolicy.Attachment{}, err
-		}
-	}
-	if len(att.CAPEM) > 0 {
-		if err := writeInRoot(p.merged, att.CAPath, att.CAPEM, 0o644); err != nil {
-			b.detach(ctx, inst)
-			return netpolicy.Attachment{}, err
-		}
-	}
 	return att, nil
+}
+
+// writeNetFiles writes the network's resolv.conf and CA into the jail's
+// mounted root; on error it detaches the network.
+func (b *Backend) writeNetFiles(ctx context.Context, inst backend.Instance, p paths, att netpolicy.Attachment) error {
+	err := error(nil)
+	if att.ResolvConf != "" {
+		err = writeInRoot(p.merged, "/etc/resolv.conf", []byte(att.ResolvConf), 0o644)
+	}
+	if err == nil && len(att.CAPEM) > 0 {
+		err = writeInRoot(p.merged, att.CAPath, att.CAPEM, 0o644)
+	}
+	if err != nil {
+		b.detach(context.WithoutCancel(ctx), inst)
+	}
+	return err
 }
 
 func (b *Backend) detach(ctx context.Context, inst backend.Instance) {
