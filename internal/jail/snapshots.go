@@ -158,16 +158,13 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 	start := time.Now()
 	if mode == model.SnapshotFull {
 		// Init's idle shims are processes CRIU would dump and restore for
-		// nothing: let them exit first, and refill the pool afterwards.
-		ctl := m.backend.Control(inst)
-		if err := ctl.SetIdleShims(ctx, false); err != nil {
+		// nothing: let them exit first. The pool fills again at the jail's
+		// next command, as a restored jail's does, rather than right
+		// after the snapshot, where starting the shims (Go processes)
+		// would compete with the restore or branch that usually follows.
+		if err := m.backend.Control(inst).SetIdleShims(ctx, false); err != nil {
 			m.log.Warn("emptying init's idle shims before a snapshot", "jail", j.Name, "err", err)
 		}
-		defer func() {
-			if err := ctl.SetIdleShims(context.WithoutCancel(ctx), true); err != nil {
-				m.log.Warn("refilling init's idle shims after a snapshot", "jail", j.Name, "err", err)
-			}
-		}()
 	}
 	res, err := ck.Checkpoint(ctx, inst, backend.CheckpointOptions{
 		Dir: store.Dir(sid), DiskImage: store.Image(sid), Processes: mode == model.SnapshotFull,
