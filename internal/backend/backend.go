@@ -43,9 +43,10 @@ type Instance struct {
 	// Hostname of the jail.
 	Hostname string
 	// OnCreated, when set, is called by Start once the jail's processes
-	// and cgroup exist and before its init executes anything (so that
-	// observation covers the jail from its first instruction). An error
-	// aborts the start.
+	// and cgroup exist and before its init executes anything, and by a
+	// process restore once the processes are restored and before they
+	// resume (so that observation covers the jail from its first
+	// instruction). An error aborts the start or restore.
 	OnCreated func(st Status) error
 }
 
@@ -63,6 +64,10 @@ type Status struct {
 	// Root is the host path of the jail's root filesystem ("" when the
 	// host cannot see it).
 	Root string
+	// Foreign, given to OnCreated, are host pids of the backend's own
+	// processes in the jail's cgroup at that moment (CRIU finishing a
+	// restore): what they do is not the jail's doing.
+	Foreign []int
 }
 
 // Stats is a jail's live resource usage.

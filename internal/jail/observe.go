@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -54,10 +55,16 @@ type observation struct {
 	// reason says why the kernel side does not watch the jail (empty when
 	// it does).
 	reason string
+	// foreign are host pids in the jail's cgroup that are not the jail's
+	// (backend.Status.Foreign): their events are dropped.
+	foreign map[int32]bool
 }
 
 // Handle implements observe.Sink.
 func (o *observation) Handle(ev *observe.Event) {
+	if o.foreign[ev.HostPID] {
+		return
+	}
 	o.mu.Lock()
 	o.rec.Handle(ev)
 	o.mu.Unlock()
@@ -82,6 +89,12 @@ func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 		return fmt.Errorf("event files: %w", err)
 	}
 	o := &observation{bus: observe.NewBus(busCapacity), agg: newAggregate(), since: time.Now().UTC()}
+	if len(st.Foreign) > 0 {
+		o.foreign = make(map[int32]bool, len(st.Foreign))
+		for _, pid := range st.Foreign {
+			o.foreign[int32(pid)] = true
+		}
+	}
 	o.rec = observe.NewRecorder(w, o.bus)
 	o.rec.Observe = o.agg.add
 	defer func() {
@@ -146,6 +159,114 @@ func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 	e.obs = o
 	e.mu.Unlock()
 	return nil
+}
+
+// observeRestored records the processes a restore brought back, which the
+// tracer did not see start: a proc event "restored" for each, parents
+// first, with its parent, command line, working directory and user as
+// /proc shows them while the processes wait to resume. initPid is init's
+// host pid; root is the jail's root directory on the host.
+func (m *Manager) observeRestored(e *entry, initPid int, root string) {
+	e.mu.Lock()
+	o := e.obs
+	e.mu.Unlock()
+	if o == nil || initPid <= 0 {
+		return
+	}
+	now := time.Now().UnixNano()
+	jailPid := map[int]int32{}
+	queue := []int{initPid}
+	for len(queue) > 0 {
+		hp := queue[0]
+		queue = queue[1:]
+		ev, ok := restoredProc(hp, root)
+		if !ok {
+			continue
+		}
+		jailPid[hp] = ev.PID
+		if hp != initPid {
+			ev.PPID = jailPid[int(ev.HostPPID)]
+		}
+		ev.TS = now
+		o.Handle(ev)
+		queue = append(queue, procChildren(hp)...)
+	}
+}
+
+// restoredProc describes host process hp for observeRestored (its PPID is
+// the host one's, to be translated); false when it is gone.
+func restoredProc(hp int, root string) (*observe.Event, bool) {
+	dir := fmt.Sprintf("/proc/%d", hp)
+	status, err := os.ReadFile(dir + "/status")
+	if err != nil {
+		return nil, false
+	}
+	ev := &observe.Event{Type: observe.TypeProc, Op: "restored", HostPID: int32(hp), HostTID: int32(hp)}
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.Atoi(f[len(f)-1])
+		switch k {
+		case "Name":
+			ev.Comm = strings.TrimSpace(v)
+		case "NSpid": // the last is the pid in the jail's namespace
+			ev.PID, ev.TID = int32(n), int32(n)
+		case "PPid":
+			ev.HostPPID = int32(n)
+		case "Uid", "Gid":
+			id, _ := strconv.Atoi(f[0])
+			if k == "Uid" {
+				ev.UID = uint32(id)
+			} else {
+				ev.GID = uint32(id)
+			}
+		}
+	}
+	if cmdline, err := os.ReadFile(dir + "/cmdline"); err == nil && len(cmdline) > 0 {
+		ev.Argv = strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
+	}
+	ev.Exe, _ = inRoot(dir+"/exe", root)
+	ev.Cwd, _ = inRoot(dir+"/cwd", root)
+	return ev, ev.PID > 0
+}
+
+// inRoot reads the /proc link and returns its target as seen in the jail
+// (root is the jail's root directory on the host); false when unreadable.
+func inRoot(link, root string) (string, bool) {
+	t, err := os.Readlink(link)
+	if err != nil {
+		return "", false
+	}
+	if t == root {
+		return "/", true
+	}
+	if rest, ok := strings.CutPrefix(t, root+"/"); ok {
+		return "/" + rest, true
+	}
+	// Outside the daemon's view of the root, the kernel gives the path
+	// in the jail's own mount namespace.
+	return t, strings.HasPrefix(t, "/")
+}
+
+// procChildren lists the children of host process hp (of all its threads).
+func procChildren(hp int) []int {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", hp))
+	var out []int
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", hp, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }
 
 // stopObservation ends what observeStart started for o. The network
@@ -430,7 +551,7 @@ func (a *aggregate) addProc(ev *observe.Event) {
 			return
 		}
 		a.procs[ev.PID] = &model.Process{Pid: int(ev.PID), Ppid: int(ev.PPID), HostPid: int(ev.HostPID), Comm: ev.Comm, StartedAt: ts}
-	case "exec":
+	case "exec", "restored":
 		p := a.proc(ev, ts)
 		p.Exe, p.Argv, p.Cwd, p.UID, p.Comm = ev.Exe, ev.Argv, ev.Cwd, ev.UID, ev.Comm
 	case "exit":

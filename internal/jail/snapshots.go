@@ -313,7 +313,13 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 		return fail(err)
 	}
 	inst := m.instance(e)
-	inst.OnCreated = func(st backend.Status) error { return m.observeStart(e, st) }
+	inst.OnCreated = func(st backend.Status) error {
+		if err := m.observeStart(e, st); err != nil {
+			return err
+		}
+		m.observeRestored(e, st.Pid, st.Root)
+		return nil
+	}
 	store := m.snaps.store
 	st, err := ck.Restore(ctx, inst, backend.RestoreSource{
 		Dir: store.Dir(snap.ID), DiskImage: store.Image(snap.ID), Processes: snap.Mode == model.SnapshotFull,

@@ -29,7 +29,7 @@ const (
 	TypeSyscall Type = iota + 1 // one system call, recorded at its return
 	TypeFile                    // a file operation derived from the syscall stream
 	TypeNet                     // a network flow
-	TypeProc                    // fork, exec or exit of a process
+	TypeProc                    // fork, exec or exit of a process, or one a restore brought back
 	TypeLost                    // events that were dropped, with their count
 	TypeNotice                  // a note to one subscriber (skipped ahead); never stored
 )
@@ -117,7 +117,7 @@ type Event struct {
 	FDs   [2]int32 // syscall: the descriptors a successful pipe, pipe2 or socketpair filled in
 
 	// file, proc
-	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit; net: the record kind (netcap.Op*)
+	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit, restored; net: the record kind (netcap.Op*)
 	Bytes int64  // file: bytes moved by the reads or writes of one open; net: bytes
 	Count int64  // file: number of calls aggregated
 	FD    int32  // file: the descriptor, -1 when none
@@ -240,7 +240,7 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = appendIntField(b, "host_ppid", int64(e.HostPPID))
 		b = appendStringField(b, "comm", e.Comm)
 		switch e.Op {
-		case "exec":
+		case "exec", "restored":
 			b = appendStringField(b, "exe", e.Exe)
 			b = append(b, `,"argv":[`...)
 			for i, a := range e.Argv {

@@ -29,6 +29,8 @@ type procEvent struct {
 	Comm     string   `json:"comm"`
 	Exe      string   `json:"exe"`
 	Argv     []string `json:"argv"`
+	Cwd      string   `json:"cwd"`
+	UID      int      `json:"uid"`
 	ExitCode *int     `json:"exit_code"`
 	Signal   int      `json:"signal"`
 	Path     string   `json:"path"`

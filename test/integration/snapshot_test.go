@@ -348,6 +348,53 @@ func TestSnapshotAcrossDaemonUpgrade(t *testing.T) {
 	d.waitCounting(t, j.ID, n)
 }
 
+// TestSnapshotRestoredRecord: a restored jail's record starts with the
+// processes the restore brought back (op "restored", parents first: init,
+// then the counter's shell with its command line, user and directory) and
+// holds nothing of what CRIU did in the jail's cgroup to restore them.
+func TestSnapshotRestoredRecord(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	if res := d.shAs(t, j.ID, "", "cd /tmp && "+counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: %s", &res)
+	}
+	d.waitCounting(t, j.ID, 0)
+	snap := d.takeSnapshot(t, j.ID, "full")
+	r := d.restoreSnapshot(t, snap.ID)
+	d.waitCounting(t, r.ID, d.waitCounting(t, r.ID, 0))
+	stopJail(t, d, r.ID)
+
+	procs := readEvents(t, d, r.ID, "processes.jsonl")
+	if len(procs) == 0 || procs[0].Op != "restored" || procs[0].Pid != 1 || procs[0].Exe != "/.agentjail/agentjail" {
+		t.Fatalf("the record does not start with init restored: %+v", procs[:min(len(procs), 3)])
+	}
+	seen := map[int]bool{}
+	var shell *procEvent
+	for i := range procs {
+		ev := &procs[i]
+		if ev.Op != "restored" {
+			break
+		}
+		if ev.Pid != 1 && !seen[ev.Ppid] {
+			t.Errorf("restored pid %d comes before its parent %d", ev.Pid, ev.Ppid)
+		}
+		seen[ev.Pid] = true
+		if ev.Comm == "sh" && len(ev.Argv) == 3 && strings.Contains(ev.Argv[2], "/workspace/count") {
+			shell = ev
+		}
+	}
+	if shell == nil || shell.Exe != "/usr/bin/dash" || shell.Cwd != "/tmp" || shell.UID != 1000 {
+		t.Fatalf("the counter's shell is not among the restored processes as it ran: %+v", shell)
+	}
+	for _, file := range []string{"processes.jsonl", "syscalls.jsonl", "filesystem.jsonl"} {
+		for _, ev := range readEvents(t, d, r.ID, file) {
+			if strings.HasPrefix(ev.Comm, "criu") || strings.Contains(ev.Path, ".criu") {
+				t.Fatalf("%s holds CRIU's doing: %+v", file, ev)
+			}
+		}
+	}
+}
+
 func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	d := shared(t)
 	j := snapJail(t, d)

@@ -99,6 +99,22 @@ fsfreeze -u "$AGENTJAIL_DISK_MOUNT" || exit 1
 exit $rc
 `
 
+// restoreHookScript is the CRIU action script of a process restore. It acts
+// at pre-resume, when the jail's processes are restored and stopped just
+// before they run again: it hands the daemon init's pid, CRIU's and its
+// own (runc runs CRIU in the jail's cgroup) and waits for the answer; the
+// daemon then starts observing the jail. What CRIU did in the jail's
+// cgroup is not the jail's doing and stays out of its record.
+const restoreHookScript = `#!/bin/sh
+# agentjail: CRIU action script of a jail restore. At pre-resume the jail's
+# processes are restored and stopped: let the daemon attach its observers
+# before they run.
+[ "$CRTOOLS_SCRIPT_ACTION" = pre-resume ] || exit 0
+echo "$CRTOOLS_INIT_PID $PPID $$" >"$AGENTJAIL_RESTORED" || exit 1
+read -r answer <"$AGENTJAIL_OBSERVED" || exit 1
+[ "$answer" = ok ]
+`
+
 // dumpConfig is the CRIU configuration of a checkpoint. The network is not
 // locked while the jail is dumped: a restored jail gets a new network
 // namespace with other addresses and its TCP connections closed
@@ -201,14 +217,15 @@ func (b *Backend) criuRunc(ctx context.Context, env ...string) (*runc.Runc, cont
 	return rc, runc.WithExtraEnv(ctx, env...)
 }
 
-// hookPath writes the action script (once per content) and returns its path.
-func (b *Backend) hookPath() (string, error) {
-	p := filepath.Join(b.opts.DataDir, "run", "criu-snapshot-hook.sh")
-	if cur, err := os.ReadFile(p); err == nil && string(cur) == hookScript {
+// hookPath writes an action script (once per content) under name in the
+// daemon's run directory and returns its path.
+func (b *Backend) hookPath(name, script string) (string, error) {
+	p := filepath.Join(b.opts.DataDir, "run", name)
+	if cur, err := os.ReadFile(p); err == nil && string(cur) == script {
 		return p, nil
 	}
-	if err := writeFileAtomic(p, []byte(hookScript), 0o700); err != nil {
-		return "", fmt.Errorf("checkpoint action script: %w", err)
+	if err := writeFileAtomic(p, []byte(script), 0o700); err != nil {
+		return "", fmt.Errorf("CRIU action script: %w", err)
 	}
 	return p, nil
 }
@@ -222,7 +239,7 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	if !b.caps.Checkpoint {
 		return backend.CheckpointResult{}, errdefs.NotImplementedf("process checkpoints are unavailable: %s (mode fs still works)", b.caps.CheckpointReason)
 	}
-	hook, err := b.hookPath()
+	hook, err := b.hookPath("criu-snapshot-hook.sh", hookScript)
 	if err != nil {
 		return backend.CheckpointResult{}, err
 	}
@@ -536,19 +553,20 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if err := b.pinInitBinary(src.Dir, p.dir); err != nil {
 		return backend.Status{}, err
 	}
-	// The cgroup exists before any process runs, so observation covers
-	// the restored jail from its first instruction.
+	// The cgroup exists before CRIU runs; observation starts at
+	// pre-resume (runRestore), before the restored jail's first
+	// instruction.
 	if dir := cgroups.UnifiedDir(p.cgroup); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return backend.Status{}, fmt.Errorf("jail cgroup: %w", err)
 		}
 	}
-	if inst.OnCreated != nil {
-		if err := inst.OnCreated(backend.Status{Running: true, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}); err != nil {
-			return backend.Status{}, err
+	pid, err := b.runRestore(ctx, inst, p, src, func(pid int, foreign []int) error {
+		if inst.OnCreated == nil {
+			return nil
 		}
-	}
-	pid, err := b.runRestore(ctx, inst, p, src)
+		return inst.OnCreated(backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged, Foreign: foreign})
+	})
 	if err != nil {
 		return backend.Status{}, err
 	}
@@ -559,11 +577,17 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 }
 
 // runRestore runs `runc restore --detach` and returns the restored init's
-// host pid. The restored processes' stdio are pipes whose daemon ends are
-// drained until the jail exits.
-func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths, src backend.RestoreSource) (int, error) {
+// host pid. restored is called with that pid, and the host pids of CRIU's
+// processes in the jail's cgroup, once the processes are restored and
+// before they resume (see restoreHookScript); its error fails the restore. The restored processes' stdio are pipes whose daemon ends
+// are drained until the jail exits.
+func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths, src backend.RestoreSource, restored func(pid int, foreign []int) error) (int, error) {
+	hook, err := b.hookPath("criu-restore-hook.sh", restoreHookScript)
+	if err != nil {
+		return 0, err
+	}
 	conf := filepath.Join(p.dir, "criu-restore.conf")
-	if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte("tcp-close\naction-script "+hook+"\n"), 0o600); err != nil {
 		return 0, fmt.Errorf("restore config: %w", err)
 	}
 	pipes, err := runc.NewPipeIO(0, 0)
@@ -577,7 +601,16 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 	}
 	defer os.RemoveAll(tmp)
 	pidFile := filepath.Join(tmp, "pid")
-	rc, cctx := b.criuRunc(context.WithoutCancel(ctx), "CRIU_CONFIG_FILE="+conf)
+	h, err := newResumeHandshake(tmp, restored)
+	if err != nil {
+		pipes.Close()
+		return 0, fmt.Errorf("restore %s: %w", inst.ID, err)
+	}
+	rc, cctx := b.criuRunc(context.WithoutCancel(ctx), "CRIU_CONFIG_FILE="+conf,
+		// CRIU built by scripts/build-criu.sh starts the script at
+		// pre-resume only; others start it at every action and it exits.
+		"CRIU_SCRIPT_ACTIONS=pre-resume",
+		"AGENTJAIL_RESTORED="+h.restoredPath, "AGENTJAIL_OBSERVED="+h.observedPath)
 	cctx, cancel := context.WithTimeout(cctx, restoreTimeout)
 	defer cancel()
 	work := filepath.Join(p.dir, "criu-restore")
@@ -592,12 +625,88 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 		PidFile: pidFile,
 	})
 	_ = pipes.Stdin().Close()
+	herr := h.close()
 	if err != nil {
 		pipes.Close()
 		return 0, restoreError(inst, filepath.Join(work, "restore.log"), err)
 	}
 	go drain(pipes)
+	if herr != nil {
+		return 0, herr
+	}
 	return oci.ReadPidFile(pidFile)
+}
+
+// resumeHandshake is the daemon's end of restoreHookScript: two FIFOs, one
+// the script writes its pids to, one it reads the answer from.
+type resumeHandshake struct {
+	restoredPath, observedPath string
+	restored, observed         *os.File
+	done                       chan struct{}
+	err                        error // valid once done is closed
+	called                     bool
+}
+
+// newResumeHandshake makes the FIFOs in dir and serves them: when the
+// script reports, fn runs with init's pid and CRIU's and the script's, and
+// the script gets "ok", or "fail" when fn failed.
+func newResumeHandshake(dir string, fn func(pid int, foreign []int) error) (*resumeHandshake, error) {
+	h := &resumeHandshake{restoredPath: filepath.Join(dir, "restored"), observedPath: filepath.Join(dir, "observed"), done: make(chan struct{})}
+	for _, f := range []string{h.restoredPath, h.observedPath} {
+		if err := unix.Mkfifo(f, 0o600); err != nil {
+			return nil, fmt.Errorf("resume handshake: %w", err)
+		}
+	}
+	// Read-write opens do not wait for the other end, and a read sees no
+	// end of file before the script writes; closing ends a pending read.
+	var err error
+	if h.restored, err = os.OpenFile(h.restoredPath, os.O_RDWR, 0); err != nil {
+		return nil, fmt.Errorf("resume handshake: %w", err)
+	}
+	if h.observed, err = os.OpenFile(h.observedPath, os.O_RDWR, 0); err != nil {
+		h.restored.Close()
+		return nil, fmt.Errorf("resume handshake: %w", err)
+	}
+	go h.serve(fn)
+	return h, nil
+}
+
+func (h *resumeHandshake) serve(fn func(pid int, foreign []int) error) {
+	defer close(h.done)
+	line, err := bufio.NewReader(h.restored).ReadString('\n')
+	if err != nil {
+		return // closed: the restore ended before its pre-resume
+	}
+	h.called = true
+	var pids []int
+	for _, f := range strings.Fields(line) {
+		if n, err := strconv.Atoi(f); err == nil && n > 0 {
+			pids = append(pids, n)
+		}
+	}
+	if len(pids) != 3 {
+		h.err = fmt.Errorf("resume handshake: the action script sent %q", strings.TrimSpace(line))
+	} else {
+		h.err = fn(pids[0], pids[1:])
+	}
+	answer := "ok\n"
+	if h.err != nil {
+		answer = "fail\n"
+	}
+	_, _ = h.observed.WriteString(answer)
+}
+
+// close ends the handshake once the restore has ended and returns fn's
+// error, or (meaningful after a restore that succeeded) an error when the
+// processes resumed without fn having run.
+func (h *resumeHandshake) close() error {
+	h.restored.Close()
+	<-h.done
+	h.observed.Close()
+	if !h.called {
+		return errors.New("restore: CRIU resumed the jail without running its action script at pre-resume")
+	}
+	return h.err
 }
 
 // drain reads the restored jail's stdout and stderr until every writer is
