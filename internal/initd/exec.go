@@ -115,7 +115,11 @@ func (s *Server) prepareExec(req *initproto.ExecRequest) (*shimSpec, *identity, 
 	if fail != nil {
 		return nil, id, fail, nil
 	}
-	return &shimSpec{Path: exe, Argv: req.Argv, Env: env, Dir: cwd, UID: id.UID, GID: id.GID, Groups: id.Groups}, id, nil, nil
+	spec := &shimSpec{Path: exe, Argv: req.Argv, Env: env, Dir: cwd, UID: id.UID, GID: id.GID, Groups: id.Groups,
+		// An init that reaps every orphan takes over a command's
+		// leftovers; no shim then stays in the jail for them.
+		HandOff: s.reaper.all}
+	return spec, id, nil, nil
 }
 
 // hostname is the jail's current host name (the daemon may set it after

@@ -202,7 +202,9 @@ func (s *Server) Forward(sig unix.Signal) {
 
 // Shutdown stops accepting connections, waits until every running command
 // has exited or ctx is done, then kills the remaining commands with all
-// their descendants (and the leftovers of finished ones), waits briefly
+// their descendants (and the leftovers of finished ones that shims stay
+// with; an init that reaps all orphans took them over, and they end with
+// it, PID 1 of the jail), waits briefly
 // for their exit to be reported, and releases the server's resources. It
 // returns ctx's error when commands had to be killed. Later calls wait for
 // the first to finish and return nil.

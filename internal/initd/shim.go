@@ -25,9 +25,12 @@ import (
 // A shim serves commands one after another. After a command exits, the
 // shim reports whether it has descendants left: a clean shim goes back to
 // init's pool of idle shims (so the Go runtime start-up of the shim is not
-// paid per command); a shim with leftovers stays with them as their
-// subreaper and exits when they have all exited, or kills them when init
-// asks or closes the control socket.
+// paid per command). A shim with leftovers exits when its spec says
+// HandOff, and they are reparented to init: PID 1 of the jail, which reaps
+// every orphan and whose end ends them all. Otherwise (init outside a pid
+// namespace) it stays with them as their subreaper and exits when they
+// have all exited, or kills them when init asks or closes the control
+// socket.
 //
 // Control messages are one type byte followed by JSON.
 const (
@@ -52,6 +55,9 @@ type shimSpec struct {
 	// Tty makes the command's stdin (a terminal) its controlling
 	// terminal.
 	Tty bool `json:"tty,omitempty"`
+	// HandOff leaves the command's leftovers to init when it exits: the
+	// shim then exits instead of staying their subreaper.
+	HandOff bool `json:"hand_off,omitempty"`
 }
 
 // shimStarted reports the started command's pid.
@@ -241,7 +247,9 @@ func (s *shim) run(m shimMsg) bool {
 	if !leftovers {
 		return true
 	}
-	s.linger()
+	if !spec.HandOff {
+		s.linger()
+	}
 	return false
 }
 
