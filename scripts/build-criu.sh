@@ -22,6 +22,9 @@
 #   - tmpfs: an empty tmpfs mount (the masked /proc and /sys directories,
 #     /dev/shm) is dumped and restored without starting tar, and the others
 #     are archived without gzip (restore tells the two apart);
+#   - populate: a restore maps the pages it fills with one
+#     madvise(MADV_POPULATE_WRITE) per range instead of a page fault per
+#     page, which costs microseconds in these VMs (256 MB: 1.27 -> 0.69 s);
 #   - untar: a tmpfs archive of plain members (a container's /dev and
 #     /sys/fs/cgroup) is extracted by CRIU itself instead of by starting tar
 #     (about 5 ms per mount and restore);
