@@ -99,6 +99,9 @@ func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
 	b.ReportMetric(ms(median(fsOnly)), "fs-only-ms")
 	b.ReportMetric(float64(poolAfter-poolBefore)/fsRuns/mib, "fs-only-extra-disk-MiB")
 	b.ReportMetric(float64(procBytes)/mib, "process-image-MiB")
+	// Hundreds of MiB of images were written and deleted: the benchmarks
+	// that follow start on a quiet disk.
+	syscall.Sync()
 }
 
 // poolUsed is the storage pool's used bytes (statfs of DATA_DIR/pool).
