@@ -3,6 +3,8 @@ package integration
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -11,7 +13,8 @@ import (
 
 // Snapshot benchmarks: a small idle jail (a counter loop) and one with
 // 256 MB resident (a python process holding it). Each iteration takes a
-// full snapshot, restores it, deletes both; branch ×10 is measured three
+// full snapshot, restores it, deletes both; a raw `runc checkpoint` of the
+// same container five times is the reference; branch ×10 is measured three
 // times and the fs-only snapshot five times (medians). Targets: snapshot ≤ 250 ms,
 // frozen ≤ 150 ms, restore ≤ 250 ms, branch ×10 ≤ 2 s, fs-only of an
 // unchanged jail ≤ 50 ms with ≈ 0 extra disk.
@@ -57,6 +60,23 @@ func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
 	}
 	b.StopTimer()
 
+	// The reference: raw `runc checkpoint --leave-running` of the jail's
+	// container with CRIU's required switches only (no disk copy, no
+	// drained shims, no network lock skipped), into a scratch directory.
+	state, ctr := runcContainer(b, d, j.ID)
+	var ref []time.Duration
+	for i := range 5 {
+		dir := filepath.Join(b.TempDir(), fmt.Sprint(i))
+		cmd := exec.Command("runc", "--root", state, "checkpoint", "--leave-running", "--tcp-established", "--file-locks",
+			"--image-path", dir, "--work-path", dir, ctr)
+		cmd.Env = append(os.Environ(), "CRIU_FAULT=130", "PATH=/usr/local/sbin:"+os.Getenv("PATH"))
+		start := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("runc checkpoint: %v\n%s", err, out)
+		}
+		ref = append(ref, time.Since(start))
+	}
+
 	// Branch ×10 from one snapshot, three times.
 	var s snapshotInfo
 	d.api.want(b, http.StatusCreated, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{}, &s)
@@ -93,6 +113,8 @@ func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
 	}
 
 	b.ReportMetric(ms(median(snap)), "snapshot-ms")
+	b.ReportMetric(ms(median(ref)), "runc-checkpoint-ms")
+	b.ReportMetric(float64(median(snap))/float64(median(ref)), "snapshot-x-runc")
 	b.ReportMetric(ms(median(frozen)), "frozen-ms")
 	b.ReportMetric(ms(median(restore)), "restore-ms")
 	b.ReportMetric(ms(median(branch10)), "branch10-ms")
