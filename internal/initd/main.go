@@ -53,8 +53,9 @@ import (
 	"github.com/agentjail/agentjail/internal/initproto"
 )
 
-// shutdownGrace is how long init waits on SIGTERM/SIGINT for commands to
-// exit before it kills them.
+// shutdownGrace is how long init waits on SIGTERM/SIGINT for commands
+// (and, as PID 1, every other process of the jail) to exit before it
+// kills them.
 const shutdownGrace = 10 * time.Second
 
 // Main runs `agentjail init` with the arguments after "init" and returns
@@ -161,8 +162,15 @@ func runInit(dir string) error {
 		select {
 		case sig := <-sigs:
 			s := sig.(unix.Signal)
-			// Forwarded during the grace period too.
-			srv.Forward(s)
+			// Forwarded during the grace period too. As PID 1, SIGTERM and
+			// SIGINT go to every process of the jail (kill(-1) spares
+			// init), background ones included; SIGHUP and an init outside
+			// a pid namespace reach the running commands only.
+			if os.Getpid() == 1 && s != unix.SIGHUP {
+				_ = unix.Kill(-1, s)
+			} else {
+				srv.Forward(s)
+			}
 			if s == unix.SIGHUP || stopped != nil {
 				continue
 			}

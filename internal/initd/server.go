@@ -2,6 +2,7 @@ package initd
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -203,11 +204,11 @@ func (s *Server) Forward(sig unix.Signal) {
 // Shutdown stops accepting connections, waits until every running command
 // has exited or ctx is done, then kills the remaining commands with all
 // their descendants (and the leftovers of finished ones that shims stay
-// with; an init that reaps all orphans took them over, and they end with
-// it, PID 1 of the jail), waits briefly
-// for their exit to be reported, and releases the server's resources. It
-// returns ctx's error when commands had to be killed. Later calls wait for
-// the first to finish and return nil.
+// with), waits briefly for their exit to be reported, and releases the
+// server's resources. An init that reaps every orphan (PID 1) also waits,
+// while ctx lasts, for its other children: the leftovers it took over,
+// which end with it. It returns ctx's error when commands had to be
+// killed. Later calls wait for the first to finish and return nil.
 func (s *Server) Shutdown(ctx context.Context) error {
 	first := false
 	s.shutdown.Do(func() { first = true })
@@ -242,6 +243,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.shims.close(5 * time.Second)
+	if s.reaper.all && err == nil {
+		// Init reaps every orphan: the leftovers of finished commands are
+		// its children. Give them the rest of the grace period; whatever
+		// is left ends with init.
+		awaitChildren(ctx)
+	}
 	s.mu.Lock()
 	for c := range s.conns {
 		c.Close()
@@ -253,6 +260,35 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.execRoot.close()
 	unix.Close(s.devnull)
 	return err
+}
+
+// awaitChildren waits until this process has no child left or ctx is
+// done.
+func awaitChildren(ctx context.Context) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for hasChildren() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// hasChildren reports whether any thread of this process has a child.
+func hasChildren() bool {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return false
+	}
+	for _, t := range tasks {
+		data, err := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
+		if err == nil && len(bytes.TrimSpace(data)) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // conn is one control connection.

@@ -137,6 +137,22 @@ func TestCleanupFailedCreate(t *testing.T) {
 
 // TestCleanupStop checks that stopping a jail ends all of its processes,
 // detached ones included, and frees its network namespace's users.
+// TestStopTermsBackgroundProcesses: stopping a jail gives every process
+// SIGTERM first, background ones (left by a finished command) included,
+// so a daemon in the jail can finish its work; its file is there after a
+// start.
+func TestStopTermsBackgroundProcesses(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	d.mustSh(t, j.ID, `setsid -f sh -c 'trap "echo term > /workspace/got-term; exit 0" TERM; while :; do sleep 0.1; done' >/dev/null 2>&1 </dev/null; echo ok`)
+	d.waitSh(t, j.ID, "pgrep -f 'got-term' >/dev/null", 10*time.Second, "the background process is not running")
+	d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/stop", map[string]any{"timeout_s": 10}, nil)
+	d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/start", nil, nil)
+	if out := d.mustSh(t, j.ID, "cat /workspace/got-term 2>&1 || true"); strings.TrimSpace(out) != "term" {
+		t.Fatalf("the background process did not get SIGTERM at the stop: %q", out)
+	}
+}
+
 func TestCleanupStop(t *testing.T) {
 	d := shared(t)
 	j := d.createJail(t, nil)
