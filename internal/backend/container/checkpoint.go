@@ -579,8 +579,9 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 // runRestore runs `runc restore --detach` and returns the restored init's
 // host pid. restored is called with that pid, and the host pids of CRIU's
 // processes in the jail's cgroup, once the processes are restored and
-// before they resume (see restoreHookScript); its error fails the restore. The restored processes' stdio are pipes whose daemon ends
-// are drained until the jail exits.
+// before they resume (see restoreHookScript); its error fails the
+// restore. The restored processes' stdio are pipes whose daemon ends are
+// drained until the jail exits.
 func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths, src backend.RestoreSource, restored func(pid int, foreign []int) error) (int, error) {
 	hook, err := b.hookPath("criu-restore-hook.sh", restoreHookScript)
 	if err != nil {
