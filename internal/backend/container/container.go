@@ -551,7 +551,7 @@ func (b *Backend) attachNet(ctx context.Context, inst backend.Instance, p paths)
 // writeNetFiles writes the network's resolv.conf and CA into the jail's
 // mounted root; on error it detaches the network.
 func (b *Backend) writeNetFiles(ctx context.Context, inst backend.Instance, p paths, att netpolicy.Attachment) error {
-	err := error(nil)
+	var err error
 	if att.ResolvConf != "" {
 		err = writeInRoot(p.merged, "/etc/resolv.conf", []byte(att.ResolvConf), 0o644)
 	}
