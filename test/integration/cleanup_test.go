@@ -144,8 +144,8 @@ func TestCleanupFailedCreate(t *testing.T) {
 func TestStopTermsBackgroundProcesses(t *testing.T) {
 	d := shared(t)
 	j := d.createJail(t, nil)
-	d.mustSh(t, j.ID, `setsid -f sh -c 'trap "echo term > /workspace/got-term; exit 0" TERM; while :; do sleep 0.1; done' >/dev/null 2>&1 </dev/null; echo ok`)
-	d.waitSh(t, j.ID, "pgrep -f 'got-term' >/dev/null", 10*time.Second, "the background process is not running")
+	d.mustSh(t, j.ID, `setsid -f sh -c 'trap "echo term > /workspace/got-term; exit 0" TERM; touch /workspace/trapped; while :; do sleep 0.1; done' >/dev/null 2>&1 </dev/null; echo ok`)
+	d.waitSh(t, j.ID, "test -e /workspace/trapped", 10*time.Second, "the background process has not set its trap")
 	d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/stop", map[string]any{"timeout_s": 10}, nil)
 	d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/start", nil, nil)
 	if out := d.mustSh(t, j.ID, "cat /workspace/got-term 2>&1 || true"); strings.TrimSpace(out) != "term" {
