@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -392,6 +393,41 @@ func TestSnapshotRestoredRecord(t *testing.T) {
 				t.Fatalf("%s holds CRIU's doing: %+v", file, ev)
 			}
 		}
+	}
+}
+
+// TestSnapshotBranchServices: in branched jails the file API and terminal
+// sessions work as in any jail, each branch on its own files, and a file
+// written before the snapshot is in every branch.
+func TestSnapshotBranchServices(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	if res := d.shAs(t, j.ID, "", counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: %s", &res)
+	}
+	d.putFile(t, j.ID, "/workspace/before.txt", []byte("before the snapshot"))
+	snap := d.takeSnapshot(t, j.ID, "full")
+	bs := d.branch(t, snap.ID, 2)
+	for i, b := range bs {
+		base := "/jails/" + b.ID + "/files/workspace/"
+		if r := d.api.want(t, http.StatusOK, "GET", base+"before.txt", nil, nil); string(r.body) != "before the snapshot" {
+			t.Fatalf("branch %d: before.txt: %s", i, r)
+		}
+		d.putFile(t, b.ID, "/workspace/mine.txt", []byte(b.ID))
+		term := dialTerm(t, d, b.ID, url.Values{"cmd": {"sh"}}).start()
+		term.send(t, "cat /workspace/mine.txt; echo; echo sum-$((40+2))\r")
+		term.waitText(t, b.ID)
+		term.waitText(t, "sum-42")
+		term.send(t, "exit 5\r")
+		if code, _ := term.waitExit(t); code != 5 {
+			t.Fatalf("branch %d: terminal shell exit %d", i, code)
+		}
+	}
+	if r := d.api.want(t, http.StatusOK, "GET", "/jails/"+bs[0].ID+"/files/workspace/mine.txt", nil, nil); string(r.body) != bs[0].ID {
+		t.Fatalf("branch 0 sees another branch's file: %s", r)
+	}
+	if r := d.api.do(t, "GET", "/jails/"+j.ID+"/files/workspace/mine.txt", nil); r.status != http.StatusNotFound {
+		t.Fatalf("the original sees a branch's file: %s", r)
 	}
 }
 
