@@ -28,7 +28,7 @@ const shutdownGrace = 10 * time.Second
 const maxWarmJails = 64
 
 func newServeCmd(g *globals) *cobra.Command {
-	var runtime, poolSize string
+	var runtime, criu, poolSize string
 	var warmJails int
 	var net netFlags
 	cmd := &cobra.Command{
@@ -54,7 +54,7 @@ next start.`,
 			if warmJails < 0 || warmJails > maxWarmJails {
 				return usageError{fmt.Errorf("--warm-jails: %d is not between 0 and %d", warmJails, maxWarmJails)}
 			}
-			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, PoolSize: pool, WarmJails: warmJails,
+			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, CRIU: criu, PoolSize: pool, WarmJails: warmJails,
 				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}
 			if net.hostsFile != "" {
 				hosts, err := readHostsFile(net.hostsFile)
@@ -67,6 +67,7 @@ next start.`,
 		},
 	}
 	cmd.Flags().StringVar(&runtime, "runtime", "runc", "OCI runtime binary")
+	cmd.Flags().StringVar(&criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
 	cmd.Flags().IntVar(&warmJails, "warm-jails", 2, "how many started jails of the default configuration to keep ready: a create asking for that configuration takes one (0: none)")
 	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)

@@ -44,6 +44,9 @@ type Options struct {
 	DataDir string
 	// RuntimeBinary is the OCI runtime (default "runc").
 	RuntimeBinary string
+	// CRIU is the CRIU binary for process snapshots (default: the first of
+	// /usr/local/sbin/criu and criu on PATH that works).
+	CRIU string
 	// PoolSize is the size of the sparse storage pool image (default: 64 GiB,
 	// or 90 % of the free space of the data dir's filesystem when smaller).
 	PoolSize int64
@@ -185,6 +188,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	m.backend, err = container.New(container.Options{
 		DataDir:       dataDir,
 		RuntimeBinary: opts.RuntimeBinary,
+		CRIU:          opts.CRIU,
 		InitBinary:    initBin,
 		Pool:          m.pool,
 		HostLower:     lower,

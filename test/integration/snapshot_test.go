@@ -431,6 +431,36 @@ func TestSnapshotBranchServices(t *testing.T) {
 	}
 }
 
+// TestSnapshotWithoutCRIU: a daemon without a working CRIU (here one
+// given that is not CRIU) says why in /health, answers a process snapshot
+// with 501 and that reason, and still takes, restores and deletes
+// filesystem-only snapshots.
+func TestSnapshotWithoutCRIU(t *testing.T) {
+	d := newDaemon(t, "--criu", "/bin/false")
+	var h struct {
+		Checks map[string]struct {
+			OK      bool   `json:"ok"`
+			Message string `json:"message"`
+		} `json:"checks"`
+	}
+	d.api.want(t, http.StatusOK, "GET", "/health", nil, &h)
+	ck, ok := h.Checks["checkpoint"]
+	if !ok || ck.OK || !strings.Contains(ck.Message, "/bin/false") {
+		t.Fatalf("/health checkpoint check: %+v", h.Checks)
+	}
+	j := d.createJail(t, nil)
+	r := d.api.do(t, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{})
+	if r.status != http.StatusNotImplemented || !strings.Contains(r.errorMessage(), "/bin/false") {
+		t.Fatalf("process snapshot without CRIU: want 501 with the reason, got %s", r)
+	}
+	d.putFile(t, j.ID, "/workspace/kept.txt", []byte("kept"))
+	s := d.takeSnapshot(t, j.ID, "fs")
+	rj := d.restoreSnapshot(t, s.ID)
+	if out := d.mustSh(t, rj.ID, "cat /workspace/kept.txt"); out != "kept" {
+		t.Fatalf("restored fs-only snapshot: %q", out)
+	}
+}
+
 func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	d := shared(t)
 	j := snapJail(t, d)

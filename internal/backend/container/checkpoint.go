@@ -135,18 +135,25 @@ type checkpointInfo struct {
 	CRIU string `json:"criu"`
 }
 
-// probeCheckpoint looks for a CRIU that works here: /usr/local/sbin/criu
-// (where scripts/build-criu.sh installs it) or the one on PATH, at least
-// 4.1, passing `criu check`, with iptables present. It returns the path, or
-// "" and why checkpointing is unavailable.
-func probeCheckpoint() (string, string) {
+// probeCheckpoint looks for a CRIU that works here: the one given, else
+// /usr/local/sbin/criu (where scripts/build-criu.sh installs it) or the one
+// on PATH, at least 4.1, passing `criu check`, with iptables present. It
+// returns the path, or "" and why checkpointing is unavailable.
+func probeCheckpoint(given string) (string, string) {
 	var candidates []string
-	for _, c := range []string{"/usr/local/sbin/criu", "criu"} {
+	look := []string{"/usr/local/sbin/criu", "criu"}
+	if given != "" {
+		look = []string{given}
+	}
+	for _, c := range look {
 		if p, err := exec.LookPath(c); err == nil && !containsStr(candidates, p) {
 			candidates = append(candidates, p)
 		}
 	}
 	if len(candidates) == 0 {
+		if given != "" {
+			return "", fmt.Sprintf("CRIU %s is not an executable", given)
+		}
 		return "", "CRIU is not installed (run scripts/build-criu.sh for CRIU >= 4.1)"
 	}
 	var reasons []string

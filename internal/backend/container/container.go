@@ -53,6 +53,9 @@ type Options struct {
 	DataDir string
 	// RuntimeBinary is the OCI runtime ("runc").
 	RuntimeBinary string
+	// CRIU is the CRIU binary for process checkpoints; empty: the first of
+	// /usr/local/sbin/criu and criu on PATH that works.
+	CRIU string
 	// InitBinary is the host path of the agentjail binary bound into jails.
 	InitBinary string
 	// Pool is the storage pool that holds the jails' disks.
@@ -98,7 +101,7 @@ func New(opts Options) (*Backend, error) {
 		UserNamespaces: true,
 	}
 	// Process checkpoints (checkpoint.go) need a working CRIU.
-	b.criu, b.caps.CheckpointReason = probeCheckpoint()
+	b.criu, b.caps.CheckpointReason = probeCheckpoint(opts.CRIU)
 	b.caps.Checkpoint = b.criu != ""
 	if opts.AllowHostNetwork {
 		b.caps.NetworkModes = append(b.caps.NetworkModes, config.NetHost)
