@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // cli runs the agentjail client against d, with the token in the
@@ -187,4 +188,63 @@ func jailCount(t *testing.T, d *daemon) int {
 	}
 	d.api.want(t, 200, "GET", "/jails", nil, &list)
 	return len(list.Jails)
+}
+
+// TestCLISnapshotTreeDiff: snapshot and branch from the CLI; `tree` draws
+// the jail, its snapshot and the branches under it, and `diff` lists a
+// file one branch added, with its text diff on request.
+func TestCLISnapshotTreeDiff(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	sid := strings.TrimSpace(d.mustCLI(t, "snapshot", j.ID))
+	t.Cleanup(func() { d.cli(t, "", "rmsnap", sid) })
+	var ids []string
+	for _, line := range strings.Split(strings.TrimSpace(d.mustCLI(t, "branch", sid, "-n", "2")), "\n") {
+		id := strings.Fields(line)[0] // "ID NAME"
+		ids = append(ids, id)
+		t.Cleanup(func() { d.destroy(t, id) })
+	}
+	if len(ids) != 2 {
+		t.Fatalf("branch -n 2 printed %q", ids)
+	}
+	tree := d.mustCLI(t, "tree")
+	jl, sl, b0, b1 := lineOf(tree, j.Name), lineOf(tree, sid), lineOf(tree, ids[0][:12]), lineOf(tree, ids[1][:12])
+	if jl < 0 || sl <= jl || b0 <= sl || b1 <= sl || indent(tree, sl) <= indent(tree, jl) || indent(tree, b0) <= indent(tree, sl) {
+		t.Fatalf("tree does not draw jail → snapshot → branches:\n%s", tree)
+	}
+	d.mustSh(t, ids[0], "echo only-here > /workspace/branch-file.txt")
+	out := d.mustCLI(t, "diff", ids[1], ids[0], "--text")
+	added := false
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "A" && strings.Contains(l, "/workspace/branch-file.txt") {
+			added = true
+		}
+	}
+	if !added || !strings.Contains(out, "+only-here") {
+		t.Fatalf("diff between the branches:\n%s", out)
+	}
+}
+
+// lineOf is the index of the first line of s containing sub, or -1.
+func lineOf(s, sub string) int {
+	for i, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			return i
+		}
+	}
+	return -1
+}
+
+// indent is the display width before the first letter or digit of line i
+// of s (the tree's drawing characters count one each).
+func indent(s string, i int) int {
+	l := strings.Split(s, "\n")[i]
+	n := 0
+	for _, r := range l {
+		if unicode.IsLetter(r) || unicode.IsDigit(r) {
+			break
+		}
+		n++
+	}
+	return n
 }
