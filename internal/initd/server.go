@@ -2,7 +2,6 @@ package initd
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -267,28 +266,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func awaitChildren(ctx context.Context) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for hasChildren() {
+	for len(descendants(os.Getpid())) > 0 {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
 	}
-}
-
-// hasChildren reports whether any thread of this process has a child.
-func hasChildren() bool {
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return false
-	}
-	for _, t := range tasks {
-		data, err := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
-		if err == nil && len(bytes.TrimSpace(data)) > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // conn is one control connection.

@@ -228,27 +228,27 @@ func restoredProc(hp int, root string) (*observe.Event, bool) {
 	if cmdline, err := os.ReadFile(dir + "/cmdline"); err == nil && len(cmdline) > 0 {
 		ev.Argv = strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
 	}
-	ev.Exe, _ = inRoot(dir+"/exe", root)
-	ev.Cwd, _ = inRoot(dir+"/cwd", root)
+	ev.Exe = inRoot(dir+"/exe", root)
+	ev.Cwd = inRoot(dir+"/cwd", root)
 	return ev, ev.PID > 0
 }
 
 // inRoot reads the /proc link and returns its target as seen in the jail
-// (root is the jail's root directory on the host); false when unreadable.
-func inRoot(link, root string) (string, bool) {
+// (root is the jail's root directory on the host), "" when unreadable.
+func inRoot(link, root string) string {
 	t, err := os.Readlink(link)
-	if err != nil {
-		return "", false
+	if err != nil || !strings.HasPrefix(t, "/") {
+		return ""
 	}
 	if t == root {
-		return "/", true
+		return "/"
 	}
 	if rest, ok := strings.CutPrefix(t, root+"/"); ok {
-		return "/" + rest, true
+		return "/" + rest
 	}
 	// Outside the daemon's view of the root, the kernel gives the path
 	// in the jail's own mount namespace.
-	return t, strings.HasPrefix(t, "/")
+	return t
 }
 
 // procChildren lists the children of host process hp (of all its threads).

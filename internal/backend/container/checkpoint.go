@@ -21,7 +21,6 @@ import (
 
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/oci"
-	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
@@ -559,14 +558,6 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	}
 	if err := b.pinInitBinary(src.Dir, p.dir); err != nil {
 		return backend.Status{}, err
-	}
-	// The cgroup exists before CRIU runs; observation starts at
-	// pre-resume (runRestore), before the restored jail's first
-	// instruction.
-	if dir := cgroups.UnifiedDir(p.cgroup); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return backend.Status{}, fmt.Errorf("jail cgroup: %w", err)
-		}
 	}
 	pid, err := b.runRestore(ctx, inst, p, src, func(pid int, foreign []int) error {
 		if inst.OnCreated == nil {
