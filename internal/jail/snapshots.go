@@ -317,7 +317,11 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 		if err := m.observeStart(e, st); err != nil {
 			return err
 		}
-		m.observeRestored(e, st.Pid, st.Root)
+		// Only a process restore brings processes back; an fs-only
+		// snapshot's jail boots a fresh init, recorded as any start.
+		if snap.Mode == model.SnapshotFull {
+			m.observeRestored(e, st.Pid, st.Root)
+		}
 		return nil
 	}
 	store := m.snaps.store
