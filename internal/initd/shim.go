@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -86,16 +86,17 @@ type shimMsg struct {
 
 // reapInterval is how often a shim collects orphans that exit while its
 // command still runs, or notices that lingering leftovers are gone.
-const reapInterval = 1000 // milliseconds
+const reapInterval = time.Second
 
 // runShim is the shim process's main loop; it returns the exit code. The
-// shim is single-threaded in effect: it blocks in recvmsg while idle and
-// in poll (control socket + the command's pidfd) while a command runs, so
-// no goroutine hand-off sits on the path of a command's start or exit.
+// shim is single-goroutine: it waits on one epoll instance (the control
+// socket, and the command's pidfd while one runs) through Go's network
+// poller, so no goroutine hand-off sits on the path of a command's start
+// or exit, and an idle or waiting shim holds no scheduler P. A P held in a
+// blocking syscall would keep the Go runtime's monitor thread polling
+// every few tens of microseconds for as long as commands keep coming,
+// competing with the commands for the CPU.
 func runShim() int {
-	// Commands get PR_SET_PDEATHSIG, which fires when the forking thread
-	// exits: fork only from this locked main thread.
-	runtime.LockOSThread()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: set child subreaper: %v\n", err)
 		return 1
@@ -110,7 +111,12 @@ func runShim() int {
 	// Catch (rather than ignore) termination signals: an ignored signal
 	// would stay ignored in the commands the shim starts.
 	signal.Notify(make(chan os.Signal, 1), unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-	s := &shim{buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4))}
+	w, err := newWaiter()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail shim: %v\n", err)
+		return 1
+	}
+	s := &shim{w: w, buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4))}
 	for {
 		m := s.recv()
 		switch {
@@ -126,16 +132,88 @@ func runShim() int {
 	}
 }
 
+// waiter waits for the shim's descriptors to become readable: an epoll
+// instance holding the control socket (and a command's pidfd), itself
+// waited on through Go's network poller.
+type waiter struct {
+	ep   int
+	rc   syscall.RawConn
+	file *os.File // keeps ep open
+	evs  []unix.EpollEvent
+}
+
+// newWaiter makes the epoll instance and registers the control socket.
+func newWaiter() (*waiter, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	f := os.NewFile(uintptr(ep), "epoll")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	w := &waiter{ep: ep, rc: rc, file: f, evs: make([]unix.EpollEvent, 2)}
+	if err := w.add(shimCtrlFd); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// add registers fd for readability.
+func (w *waiter) add(fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := unix.EpollCtl(w.ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("epoll add: %w", err)
+	}
+	return nil
+}
+
+// remove unregisters fd.
+func (w *waiter) remove(fd int) {
+	unix.EpollCtl(w.ep, unix.EPOLL_CTL_DEL, fd, nil)
+}
+
+// wait blocks until a registered descriptor is readable or timeout passes
+// (timeout < 0: no limit) and returns the readable descriptors.
+func (w *waiter) wait(timeout time.Duration) []int {
+	if timeout >= 0 {
+		w.file.SetReadDeadline(time.Now().Add(timeout))
+	} else {
+		w.file.SetReadDeadline(time.Time{})
+	}
+	var ready []int
+	w.rc.Read(func(uintptr) bool {
+		n, err := unix.EpollWait(w.ep, w.evs, 0)
+		for i := range max(n, 0) {
+			ready = append(ready, int(w.evs[i].Fd))
+		}
+		return n > 0 || (err != nil && err != unix.EINTR)
+	})
+	return ready
+}
+
 type shim struct {
+	w        *waiter
 	buf, oob []byte
 }
 
-// recv reads one control message (blocking); the body is valid until the
-// next recv.
+// recv reads one control message (waiting for it); the body is valid until
+// the next recv.
 func (s *shim) recv() shimMsg {
 	for {
-		n, oobn, _, _, err := unix.Recvmsg(shimCtrlFd, s.buf, s.oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, _, _, err := unix.Recvmsg(shimCtrlFd, s.buf, s.oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
 		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			s.w.wait(-1)
 			continue
 		}
 		if err == nil && n == 0 {
@@ -189,9 +267,12 @@ func (s *shim) run(m shimMsg) bool {
 		Env:   spec.Env,
 		Files: []uintptr{uintptr(m.fds[0]), uintptr(m.fds[1]), uintptr(m.fds[2])},
 		Sys: &syscall.SysProcAttr{
-			Setsid:     true,
-			Setctty:    spec.Tty,
-			Ctty:       0,
+			Setsid:  true,
+			Setctty: spec.Tty,
+			Ctty:    0,
+			// Fires when the forking thread ends; Go ends a thread only
+			// when a goroutine exits locked to it, which none in the
+			// shim does.
 			Pdeathsig:  syscall.SIGKILL,
 			Credential: &syscall.Credential{Uid: uint32(spec.UID), Gid: uint32(spec.GID), Groups: groups},
 			PidFD:      &pidfd,
@@ -206,25 +287,26 @@ func (s *shim) run(m shimMsg) bool {
 		s.send(shimMsgExit, shimExit{StartErrno: int(errno), Reusable: true})
 		return true
 	}
+	timeout := reapInterval
 	if pidfd >= 0 {
 		defer unix.Close(pidfd)
+		if err := s.w.add(pidfd); err != nil {
+			fmt.Fprintf(os.Stderr, "agentjail shim: %v\n", err)
+			timeout = 10 * time.Millisecond
+		}
+		defer s.w.remove(pidfd)
+	} else {
+		timeout = 10 * time.Millisecond // no pidfd to wake on: poll for the exit
 	}
 	s.send(shimMsgStarted, shimStarted{Pid: pid})
 
 	var status *unix.WaitStatus
-	timeout := reapInterval
-	if pidfd < 0 {
-		timeout = 10 // no pidfd to wake on: poll for the exit
-	}
 	for status == nil {
-		fds := []unix.PollFd{{Fd: shimCtrlFd, Events: unix.POLLIN}, {Fd: int32(pidfd), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, timeout); err != nil && err != unix.EINTR {
-			fmt.Fprintf(os.Stderr, "agentjail shim: poll: %v\n", err)
-		}
+		ctrl := slices.Contains(s.w.wait(timeout), shimCtrlFd)
 		// Collects the command once it exited, and orphans that exited
 		// meanwhile.
 		status, _ = reapChildren(pid)
-		if status == nil && fds[0].Revents != 0 {
+		if status == nil && ctrl {
 			c := s.recv()
 			closeFds(c.fds)
 			if c.err != nil || c.typ == shimMsgKill {
@@ -268,11 +350,7 @@ func (s *shim) report(ws unix.WaitStatus, reusable bool) {
 // have all exited, or kills them when init asks or goes away.
 func (s *shim) linger() {
 	for {
-		fds := []unix.PollFd{{Fd: shimCtrlFd, Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, reapInterval); err != nil && err != unix.EINTR {
-			fmt.Fprintf(os.Stderr, "agentjail shim: poll: %v\n", err)
-		}
-		if fds[0].Revents != 0 {
+		if slices.Contains(s.w.wait(reapInterval), shimCtrlFd) {
 			c := s.recv()
 			closeFds(c.fds)
 			if c.err != nil || c.typ == shimMsgKill {
