@@ -202,20 +202,31 @@ func runcContainer(b *testing.B, d *daemon, id string) (state, container string)
 // separate blocks: a `runc exec` starts a tree of processes in the jail
 // whose syscalls the daemon is still recording when the next command
 // starts, and interleaving the two timed that work into the API's exec.
+//
+// Two more figures put the round trip in proportion: the same round trip
+// in a jail whose tracing is off (traced-off-ms), and the floor of any
+// exec here: a process inside the jail spawning `true` and waiting for it,
+// with no daemon, init or shim on the way (floor-ms).
 func BenchmarkExecTrue(b *testing.B) {
 	d := shared(b)
 	j := d.createJail(b, nil)
+	untraced := d.createJail(b, map[string]any{"tracing": map[string]any{"mode": "off"}})
 	state, ctr := runcContainer(b, d, j.ID)
-	var ours, ref []time.Duration
-	b.ResetTimer()
-	for range b.N {
-		start := time.Now()
-		res := d.exec(b, j.ID, execReq{Cmd: []string{"true"}})
-		ours = append(ours, time.Since(start))
-		if res.ExitCode != 0 {
-			b.Fatalf("exec true: %s", &res)
+	roundTrips := func(id string) []time.Duration {
+		var ds []time.Duration
+		for range b.N {
+			start := time.Now()
+			res := d.exec(b, id, execReq{Cmd: []string{"true"}})
+			ds = append(ds, time.Since(start))
+			if res.ExitCode != 0 {
+				b.Fatalf("exec true: %s", &res)
+			}
 		}
+		return ds
 	}
+	var ref []time.Duration
+	b.ResetTimer()
+	ours := roundTrips(j.ID)
 	for range b.N {
 		start := time.Now()
 		if out, err := exec.Command("runc", "--root", state, "exec", ctr, "true").CombinedOutput(); err != nil {
@@ -223,8 +234,37 @@ func BenchmarkExecTrue(b *testing.B) {
 		}
 		ref = append(ref, time.Since(start))
 	}
+	off := roundTrips(untraced.ID)
 	b.StopTimer()
+	floor := spawnFloor(b, d, untraced.ID, b.N)
 	reportVsRef(b, ours, ref, 3*time.Millisecond)
+	b.ReportMetric(ms(median(off)), "traced-off-ms")
+	b.ReportMetric(ms(floor), "floor-ms")
+}
+
+// spawnFloorScript spawns `true` n times (argv[1]) from one process and
+// prints the median spawn-to-reaped time in nanoseconds.
+const spawnFloorScript = `
+import os, sys, time
+ds = []
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter_ns()
+    os.waitpid(os.posix_spawn("/usr/bin/true", ["true"], os.environ), 0)
+    ds.append(time.perf_counter_ns() - t)
+ds.sort()
+print(ds[len(ds) // 2])
+`
+
+// spawnFloor is the median time, inside jail id, for a process to spawn
+// `true` and reap it: what an exec costs before any messaging.
+func spawnFloor(b *testing.B, d *daemon, id string, n int) time.Duration {
+	b.Helper()
+	res := d.exec(b, id, execReq{Cmd: []string{"python3", "-c", spawnFloorScript, strconv.Itoa(n)}, TimeoutMs: 60_000})
+	ns, err := strconv.ParseInt(strings.TrimSpace(res.Stdout), 10, 64)
+	if res.ExitCode != 0 || err != nil {
+		b.Fatalf("spawn floor: %s", &res)
+	}
+	return time.Duration(ns)
 }
 
 // privateKiB is the memory only pid uses: Private_Clean + Private_Dirty of
