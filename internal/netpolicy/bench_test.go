@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,33 @@ func benchGet(b *testing.B, c *http.Client, url, host string) int64 {
 		b.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
 	}
 	return n
+}
+
+// relay accepts connections at listen inside the test internet and
+// splices each, both ways, to a new connection to target.
+func relay(b *testing.B, in *internet, listen, target netip.AddrPort) {
+	ln := listenIn(b, in.path, "tcp4", listen.String())
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := dialIn(in.path, target.String())
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() {
+					io.Copy(u, c)
+					u.(*net.TCPConn).CloseWrite()
+				}()
+				io.Copy(c, u)
+			}()
+		}
+	}()
 }
 
 func median(s []time.Duration) time.Duration {
@@ -73,7 +101,8 @@ func alternate(b *testing.B, ours, ref func()) {
 func BenchmarkPolicyPath(b *testing.B) {
 	e := setup(b)
 	p := basePolicy()
-	p.Allow = append(p.Allow, Rule{Destination: inetA.String(), Ports: []int{8080}})
+	relayAddr := netip.AddrPortFrom(inetA, 8081)
+	p.Allow = append(p.Allow, Rule{Destination: inetA.String(), Ports: []int{8080, int(relayAddr.Port())}})
 	j := attach(b, e.m, "bench", ModeBridge, p)
 	direct, policy := "http://"+inetA.String()+":8080", "http://"+inetA.String()
 	pair := func(b *testing.B, keepAlive bool, path string) (pol, dir []time.Duration) {
@@ -108,8 +137,12 @@ func BenchmarkPolicyPath(b *testing.B) {
 	// The same with curl in the jail's namespace, a process of its own as
 	// an agent's tools are: each iteration is one curl run per path that
 	// downloads five times over one connection; curl times each transfer.
+	// A third path is the floor of any proxy here: a bare relay in the
+	// test internet that splices each connection to the same server over
+	// a second TCP connection, with no policy, parsing or recording.
 	b.Run("download8MiB-curl", func(b *testing.B) {
-		var pol, dir []time.Duration
+		relay(b, e.in, relayAddr, netip.AddrPortFrom(inetB, 8080))
+		var pol, dir, rel []time.Duration
 		curl := func(base string, into *[]time.Duration) {
 			args := []string{"curl", "-sS", "--fail", "-H", "Host: allowed.test", "-w", "%{time_total}\n"}
 			for range 5 {
@@ -127,8 +160,20 @@ func BenchmarkPolicyPath(b *testing.B) {
 				*into = append(*into, time.Duration(s*float64(time.Second)))
 			}
 		}
-		alternate(b, func() { curl(policy, &pol) }, func() { curl(direct, &dir) })
+		runs := []func(){
+			func() { curl(policy, &pol) },
+			func() { curl(direct, &dir) },
+			func() { curl("http://"+relayAddr.String(), &rel) },
+		}
+		for i := 0; b.Loop(); i++ {
+			for k := range runs {
+				runs[(i+k)%len(runs)]()
+			}
+		}
 		reportDownload(b, pol, dir)
+		mr, md := median(rel), median(dir)
+		b.ReportMetric(bigSize/mr.Seconds()/1e6, "relay-MB/s")
+		b.ReportMetric(100*float64(md)/float64(mr), "relay-pct-of-direct")
 	})
 	b.Run("request", func(b *testing.B) {
 		pol, dir := pair(b, true, "/")

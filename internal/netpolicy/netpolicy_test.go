@@ -158,6 +158,7 @@ func newTestCA(t testing.TB) *testCA {
 // internet is the test internet namespace and what its servers saw.
 type internet struct {
 	ns      string
+	path    string // the namespace's bind mount
 	mu      sync.Mutex
 	headers []http.Header           // request headers seen by the servers
 	conns   map[string]int          // connections accepted, by server address
@@ -220,7 +221,7 @@ func newInternet(t testing.TB, ca *testCA) *internet {
 	// A route to the metadata address, so a leak would really reach it.
 	run(t, "ip", "route", "add", metadata.String()+"/32", "via", inetA.String(), "dev", host)
 
-	in := &internet{ns: ns, conns: map[string]int{}, servers: map[string]*http.Server{},
+	in := &internet{ns: ns, path: path, conns: map[string]int{}, servers: map[string]*http.Server{},
 		holding: make(chan struct{}, 1), hold: make(chan struct{})}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		in.mu.Lock()
