@@ -704,6 +704,14 @@ func (m *Manager) recover(ctx context.Context) error {
 				if err := m.observeStart(e, st); err != nil {
 					m.log.Error("re-watching jail", "jail", e.rec.ID, "err", err)
 				}
+				// The tracer knows init's shims by having seen init start
+				// them: let those started before this daemon exit, so the
+				// next commands run under shims it knows.
+				sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				if err := m.backend.Control(m.instance(e)).SetIdleShims(sctx, false); err != nil {
+					m.log.Warn("emptying init's idle shims of a re-adopted jail", "jail", e.rec.ID, "err", err)
+				}
+				cancel()
 				m.watch(e, st.Pid)
 				continue
 			}

@@ -115,7 +115,7 @@ func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 			return fmt.Errorf("observation: %w", err)
 		}
 		err = m.tracer.Watch(id, observe.JailKey(j.ID), bpf.Options{
-			Mode: bpf.Mode(tr.Mode), Include: tr.Include, Exclude: tr.Exclude, Sink: o,
+			Mode: bpf.Mode(tr.Mode), Include: tr.Include, Exclude: tr.Exclude, Sink: o, InitPid: st.Pid,
 		})
 		if err != nil {
 			return fmt.Errorf("observation: %w", err)

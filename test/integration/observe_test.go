@@ -164,6 +164,63 @@ func TestObserveProcessTreeMatchesStrace(t *testing.T) {
 	}
 }
 
+// TestObserveLeavesOutPlumbing checks that a jail's syscall record holds
+// its commands and not the jail's own plumbing: no syscall of init's
+// command shims, and a command's record starts with its execve, not with
+// the shim's set-up of the child. A program of the jail's user that runs
+// the shim binary itself is recorded in full.
+func TestObserveLeavesOutPlumbing(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	for range 3 {
+		if res := d.exec(t, j.ID, execReq{Cmd: []string{"true"}}); res.ExitCode != 0 {
+			t.Fatalf("exec true: %s", &res)
+		}
+	}
+	fake := d.shAs(t, j.ID, "", "/.agentjail/agentjail init --shim </dev/null; echo ran")
+	if !strings.Contains(fake.Stdout, "ran") {
+		t.Fatalf("running the shim binary: %s", &fake)
+	}
+	stopJail(t, d, j.ID)
+
+	commands, shims, fakes := map[int]bool{}, map[int]bool{}, map[int]bool{}
+	for _, ev := range readEvents(t, d, j.ID, "processes.jsonl") {
+		switch {
+		case ev.Op != "exec":
+		case slices.Equal(ev.Argv, []string{"true"}):
+			commands[ev.Pid] = true
+		case slices.Contains(ev.Argv, "--shim") && ev.Ppid == 1:
+			shims[ev.Pid] = true
+		case slices.Contains(ev.Argv, "--shim"):
+			fakes[ev.Pid] = true
+		}
+	}
+	if len(commands) != 3 || len(shims) == 0 || len(fakes) != 1 {
+		t.Fatalf("recorded execs: %d of true (want 3), %d shims, %d shim binaries run by the user (want 1)", len(commands), len(shims), len(fakes))
+	}
+	first := map[int]string{}
+	calls := map[int]int{}
+	for _, ev := range readEvents(t, d, j.ID, "syscalls.jsonl") {
+		if shims[ev.Pid] {
+			t.Errorf("syscall %s of shim %d recorded", ev.Name, ev.Pid)
+		}
+		if _, ok := first[ev.Pid]; !ok {
+			first[ev.Pid] = ev.Name
+		}
+		calls[ev.Pid]++
+	}
+	for pid := range commands {
+		if first[pid] != "execve" || calls[pid] < 5 {
+			t.Errorf("command %d: first recorded syscall %q (want execve), %d in all", pid, first[pid], calls[pid])
+		}
+	}
+	for pid := range fakes {
+		if calls[pid] < 5 {
+			t.Errorf("the shim binary run by the user (pid %d): %d syscalls recorded", pid, calls[pid])
+		}
+	}
+}
+
 // TestObserveFsDiffMatchesDiffR changes files in a jail and compares the
 // daemon's fs diff with `diff -rq` between the lower tree and the merged
 // view, and the recorded write byte counts with what was written.

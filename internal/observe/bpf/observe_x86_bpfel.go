@@ -96,11 +96,11 @@ type observeSysEv struct {
 }
 
 type observeWatch struct {
-	_     structs.HostLayout
-	Flags uint32
-	Pad   uint32
-	Lost  uint64
-	Mask  [8]uint64
+	_        structs.HostLayout
+	Flags    uint32
+	InitTgid uint32
+	Lost     uint64
+	Mask     [8]uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -110,6 +110,7 @@ const (
 	observeMapCwdScratch   = "cwd_scratch"
 	observeMapEvents       = "events"
 	observeMapInflight     = "inflight"
+	observeMapPlumbing     = "plumbing"
 	observeMapWatched      = "watched"
 	observeProgSchedExec   = "sched_exec"
 	observeProgSchedExit   = "sched_exit"
@@ -179,6 +180,7 @@ type observeMapSpecs struct {
 	CwdScratch *ebpf.MapSpec `ebpf:"cwd_scratch"`
 	Events     *ebpf.MapSpec `ebpf:"events"`
 	Inflight   *ebpf.MapSpec `ebpf:"inflight"`
+	Plumbing   *ebpf.MapSpec `ebpf:"plumbing"`
 	Watched    *ebpf.MapSpec `ebpf:"watched"`
 }
 
@@ -216,6 +218,7 @@ type observeMaps struct {
 	CwdScratch *ebpf.Map `ebpf:"cwd_scratch"`
 	Events     *ebpf.Map `ebpf:"events"`
 	Inflight   *ebpf.Map `ebpf:"inflight"`
+	Plumbing   *ebpf.Map `ebpf:"plumbing"`
 	Watched    *ebpf.Map `ebpf:"watched"`
 }
 
@@ -224,6 +227,7 @@ func (m *observeMaps) Close() error {
 		m.CwdScratch,
 		m.Events,
 		m.Inflight,
+		m.Plumbing,
 		m.Watched,
 	)
 }

@@ -43,6 +43,11 @@ type Options struct {
 	Include, Exclude []string
 	// Sink receives the jail's events; required unless Mode is ModeOff.
 	Sink observe.Sink
+	// InitPid is the host pid of the jail's init. The processes it starts
+	// for its own work (command shims), and each child of theirs until it
+	// executes the command, are then left out of the syscall stream; their
+	// process events are still recorded. 0 records every process.
+	InitPid int
 }
 
 // Config tunes a Tracer; zero fields take the defaults.
@@ -245,7 +250,10 @@ func (t *Tracer) Watch(cgroupID uint64, jail observe.JailKey, opts Options) erro
 		}
 		st.user[nr] = false
 	}
-	var kw observeWatch
+	if opts.InitPid < 0 {
+		return errdefs.Invalidf("observe: init pid %d: must not be negative", opts.InitPid)
+	}
+	kw := observeWatch{InitTgid: uint32(opts.InitPid)}
 	switch mode {
 	case ModeFull:
 		kw.Flags = wSyscalls | wProc

@@ -8,6 +8,11 @@
  * without wake-ups (BPF_RB_NO_WAKEUP): the consumer polls the ring on a short
  * period and drains it whenever it holds data. A record that does not fit in
  * the ring is counted in its jail's `lost` counter.
+ *
+ * The jail's own plumbing is left out of the syscall stream: the processes
+ * its init starts for its work (command shims) and each child a shim forks,
+ * until that child executes the command. Which processes these are is
+ * followed by ancestry, so no process the jail's user starts can join them.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -35,6 +40,15 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 << 20);
 } events SEC(".maps");
+
+/* The plumbing processes (host tgids): the children of a jail's init (its
+ * shims), and the children of those until they execute (the command). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_PLUMBING);
+	__type(key, u32);
+	__type(value, u8);
+} plumbing SEC(".maps");
 
 /* A syscall in flight: what sys_enter saw, for sys_exit to complete. */
 struct pending {
@@ -260,6 +274,12 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	nr = (u32)id;
 	if (!(w->mask[(nr >> 6) & 7] & (1ULL << (nr & 63))))
 		return 0;
+	/* A plumbing process's execve is kept: it starts the command. */
+	if (nr != NR_EXECVE && nr != NR_EXECVEAT) {
+		u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if (bpf_map_lookup_elem(&plumbing, &tgid))
+			return 0;
+	}
 
 	t = bpf_get_current_task_btf();
 	p = bpf_task_storage_get(&inflight, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -298,6 +318,13 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	if (!p || !p->active)
 		return 0;
 	p->active = 0;
+	/* An execve that left its caller plumbing started a shim (or failed
+	 * to start a command). */
+	if (p->nr == NR_EXECVE || p->nr == NR_EXECVEAT) {
+		u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if (bpf_map_lookup_elem(&plumbing, &tgid))
+			return 0;
+	}
 	emit_syscall(w, cg, t, p, ret, bpf_ktime_get_ns());
 	return 0;
 }
@@ -309,9 +336,16 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
 	struct task_struct *rparent;
 	struct fork_ev *e;
-	u32 level;
+	u32 level, ptgid, ctgid;
+	u8 one = 1;
 
-	if (!w || !(w->flags & W_PROC))
+	if (!w)
+		return 0;
+	ptgid = BPF_CORE_READ(parent, tgid);
+	ctgid = BPF_CORE_READ(child, tgid);
+	if (ctgid != ptgid && (ptgid == w->init_tgid || bpf_map_lookup_elem(&plumbing, &ptgid)))
+		bpf_map_update_elem(&plumbing, &ctgid, &one, BPF_ANY);
+	if (!(w->flags & W_PROC))
 		return 0;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -437,6 +471,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	struct pending *st;
 	struct exec_ev *e;
 	u64 start, end, len, ugid;
+	u32 tgid;
 	long n;
 
 	if (!w)
@@ -445,6 +480,11 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	st = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
 	if (st)
 		st->ns_valid = 0;
+	/* Init only starts shims; a shim's child that executes is the
+	 * command, which is recorded from here on. */
+	tgid = BPF_CORE_READ(p, tgid);
+	if (BPF_CORE_READ(p, real_parent, tgid) != w->init_tgid)
+		bpf_map_delete_elem(&plumbing, &tgid);
 	if (!(w->flags & W_PROC))
 		return 0;
 
@@ -490,8 +530,15 @@ int BPF_PROG(sched_exit, struct task_struct *p, bool group_dead)
 	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
 	struct task_struct *rparent;
 	struct exit_ev *e;
+	u32 tgid;
 
-	if (!w || !(w->flags & W_PROC))
+	if (!w)
+		return 0;
+	if (group_dead) {
+		tgid = BPF_CORE_READ(p, tgid);
+		bpf_map_delete_elem(&plumbing, &tgid);
+	}
+	if (!(w->flags & W_PROC))
 		return 0;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {

@@ -14,6 +14,9 @@
 
 #define NR_EXIT 60
 #define NR_EXIT_GROUP 231
+#define NR_EXECVE 59
+#define NR_EXECVEAT 322
+#define MAX_PLUMBING 16384
 
 /* Record kinds (hdr.kind). */
 enum ev_kind {
@@ -48,7 +51,7 @@ enum fork_flag {
 /* One watched cgroup. */
 struct watch {
 	u32 flags;
-	u32 pad;
+	u32 init_tgid; /* the jail's init (host tgid); 0 when unknown */
 	u64 lost;    /* records that did not fit in the ring */
 	u64 mask[8]; /* syscalls to record, bit nr */
 };
