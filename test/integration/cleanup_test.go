@@ -68,6 +68,14 @@ func TestCleanupDestroy(t *testing.T) {
 			if (state == "running" || state == "busy") && !containsSub(inv.Procs, j.ID) {
 				t.Errorf("the inventory does not see the jail's processes (cgroup naming changed?): %v", inv.Procs)
 			}
+			if state == "running" || state == "busy" {
+				// A running jail has its veth, its host route and its
+				// chains in the daemon's table; all go with it (a stopped
+				// one has none).
+				if added := inv.added(base); !containsSub(added, "interface: ") || !containsSub(added, "route: ") || !containsSub(added, "nft: chain j_"+j.ID) {
+					t.Errorf("the inventory does not see the jail's network (veth, route, nft chains): %v", added)
+				}
+			}
 			d.api.want(t, http.StatusNoContent, "DELETE", "/jails/"+j.ID, nil, nil)
 			expectClean(t, d, base, "destroying a "+state+" jail")
 			if _, err := os.Stat(d.dir + "/jails/" + j.ID); !os.IsNotExist(err) {

@@ -412,7 +412,8 @@ func (d *daemon) shutdown() error {
 
 // leftovers lists what of the data dir is still held on the host after
 // teardown: mounts under it, loop devices backed by its files, network
-// namespaces bound there, and the cgroups and processes of its jails.
+// namespaces bound there, the cgroups and processes of its jails, and its
+// jail network (interfaces, routes, nftables table).
 func (d *daemon) leftovers() []string {
 	inv := takeInventory(d.dir)
 	var out []string
@@ -436,6 +437,15 @@ func (d *daemon) leftovers() []string {
 		if d.owns(p) {
 			out = append(out, "process "+p)
 		}
+	}
+	for _, l := range inv.Links {
+		out = append(out, "interface "+l)
+	}
+	for _, r := range inv.Routes {
+		out = append(out, "route "+r)
+	}
+	for _, n := range inv.Nft {
+		out = append(out, "nft "+n)
 	}
 	return out
 }

@@ -3,7 +3,9 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +16,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,6 +41,14 @@ type inventory struct {
 	Files []string
 	// TempDirs are agentjail entries of the temp directories.
 	TempDirs []string
+	// Links are the host interfaces of the daemon's jail network (named
+	// with its --net-prefix): its bridge and the jails' veths.
+	Links []string
+	// Routes are the host's routes into the daemon's jail subnet.
+	Routes []string
+	// Nft are the daemon's nftables table ("table NAME") and its chains
+	// ("chain NAME"), per-jail ones among them.
+	Nft []string
 }
 
 // cgroupRoot is where the cgroup hierarchies are mounted.
@@ -63,7 +75,8 @@ func takeInventory(dir string) inventory {
 			}
 		}
 	}
-	for _, l := range [][]string{inv.Mounts, inv.Loops, inv.Cgroups, inv.Netns, inv.Procs, inv.Files, inv.TempDirs} {
+	inv.Links, inv.Routes, inv.Nft = jailNetwork(dir)
+	for _, l := range [][]string{inv.Mounts, inv.Loops, inv.Cgroups, inv.Netns, inv.Procs, inv.Files, inv.TempDirs, inv.Links, inv.Routes, inv.Nft} {
 		sort.Strings(l)
 	}
 	return inv
@@ -86,6 +99,9 @@ func (inv inventory) added(base inventory) []string {
 	add("process", inv.Procs, base.Procs)
 	add("file", inv.Files, base.Files)
 	add("temp", inv.TempDirs, base.TempDirs)
+	add("interface", inv.Links, base.Links)
+	add("route", inv.Routes, base.Routes)
+	add("nft", inv.Nft, base.Nft)
 	return out
 }
 
@@ -240,6 +256,74 @@ func procJailCgroup(pid int) string {
 		}
 	}
 	return ""
+}
+
+// jailNetwork lists what the host holds of the jail network of the daemon
+// whose data dir is dir: its interfaces, the routes into its subnet, and
+// its nftables table with the table's chains. The prefix and subnet are
+// the ones the daemon remembers in DATA_DIR/network.json; a daemon that
+// never started its network has none.
+func jailNetwork(dir string) (links, routes, nft []string) {
+	var settings struct {
+		Prefix string `json:"prefix"`
+		Subnet string `json:"subnet"`
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "network.json"))
+	if err != nil || json.Unmarshal(data, &settings) != nil || settings.Prefix == "" {
+		return nil, nil, nil
+	}
+	all, err := netlink.LinkList()
+	if err != nil {
+		return []string{"(links: " + err.Error() + ")"}, nil, nil
+	}
+	for _, l := range all {
+		if n := l.Attrs().Name; strings.HasPrefix(n, settings.Prefix+"v") || n == settings.Prefix+"0" {
+			links = append(links, n)
+		}
+	}
+	if subnet, err := netip.ParsePrefix(settings.Subnet); err == nil {
+		rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			routes = append(routes, "(routes: "+err.Error()+")")
+		}
+		for _, r := range rs {
+			if r.Dst == nil {
+				continue
+			}
+			if a, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok && subnet.Contains(a) {
+				dev := ""
+				if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+					dev = l.Attrs().Name
+				}
+				routes = append(routes, r.Dst.String()+" dev "+dev)
+			}
+		}
+	}
+	table := "agentjail_" + settings.Prefix
+	if settings.Prefix == "aj" {
+		table = "agentjail"
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return links, routes, []string{"(nftables: " + err.Error() + ")"}
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return links, routes, []string{"(nftables: " + err.Error() + ")"}
+	}
+	if tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet); err == nil {
+		for _, t := range tables {
+			if t.Name == table {
+				nft = append(nft, "table "+t.Name)
+			}
+		}
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == table {
+			nft = append(nft, "chain "+ch.Name)
+		}
+	}
+	return links, routes, nft
 }
 
 // dirNames lists a directory's entry names (none when it does not exist).

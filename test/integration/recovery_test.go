@@ -10,10 +10,12 @@ import (
 
 // TestRecovery SIGKILLs the daemon while jails run, restarts it on the
 // same data dir, and checks that running jails are re-adopted with their
-// processes, stopped and created ones stay so, and a jail whose init died
-// meanwhile is not reported running.
+// processes and their network policy, stopped and created ones stay so, a
+// jail whose init died meanwhile is not reported running, and destroying
+// them all afterwards leaves nothing on the host.
 func TestRecovery(t *testing.T) {
 	d := newDaemon(t)
+	base := baseline(t, d)
 	running := d.createJail(t, nil)
 	d.putFile(t, running.ID, "/workspace/state", []byte("before the crash"))
 	sleepPid := strings.TrimSpace(d.mustSh(t, running.ID, "nohup sleep 3000 >/dev/null 2>&1 & echo $!"))
@@ -86,4 +88,15 @@ func TestRecovery(t *testing.T) {
 	if out := d.mustSh(t, running.ID, "kill -0 "+sleepPid+" && echo alive"); out != "alive\n" {
 		t.Errorf("the background process after a graceful restart: %q", out)
 	}
+	// The re-adopted jail is under its network policy again: the
+	// daemon's proxy answers it and refuses a name outside the policy.
+	if out := d.mustSh(t, running.ID, "curl -s -m 5 -o /dev/null -w '%{http_code}' http://not-allowed.example/"); out != "403" {
+		t.Errorf("a refused request from the re-adopted jail: %q, want 403 from the policy proxy", out)
+	}
+	// Destroying the jails that outlived two daemons leaves nothing: no
+	// mount, loop device, cgroup, netns, process, veth, route or nft chain.
+	for _, id := range []string{running.ID, stopped.ID, created.ID, doomed.ID} {
+		d.api.want(t, http.StatusNoContent, "DELETE", "/jails/"+id, nil, nil)
+	}
+	expectClean(t, d, base, "destroying re-adopted jails")
 }
