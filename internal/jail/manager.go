@@ -511,12 +511,31 @@ func (m *Manager) Start(ctx context.Context, ref string) (*model.Jail, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.op.Lock()
+	if err := m.lockLifecycle(e); err != nil {
+		return nil, err
+	}
 	defer e.op.Unlock()
 	if err := m.start(ctx, e); err != nil {
 		return nil, err
 	}
 	return e.view(), nil
+}
+
+// lockLifecycle takes e.op for a start or a stop. While another start or
+// stop of the jail is under way (the jail is starting or stopping) it
+// takes nothing and answers ErrConflict at once: the transition is not
+// queued behind, as the state machine has no start or stop from those
+// states. Other holders of e.op (a snapshot, a network update) are waited
+// for.
+func (m *Manager) lockLifecycle(e *entry) error {
+	if e.op.TryLock() {
+		return nil
+	}
+	if j := e.snapshot(); j.Status == model.StateStarting || j.Status == model.StateStopping {
+		return errdefs.Conflictf("jail %s is %s; try again when that is done", j.Name, j.Status)
+	}
+	e.op.Lock()
+	return nil
 }
 
 // start runs with e.op held.
@@ -597,7 +616,9 @@ func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*m
 	if err != nil {
 		return nil, err
 	}
-	e.op.Lock()
+	if err := m.lockLifecycle(e); err != nil {
+		return nil, err
+	}
 	defer e.op.Unlock()
 	j := e.snapshot()
 	switch j.Status {
