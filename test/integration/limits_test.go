@@ -40,7 +40,7 @@ for k in kids:
 `
 
 // TestLimitPids caps a fork bomb at pids_limit, while the daemon and a
-// second jail keep answering.
+// second jail keep answering, during the bomb and after it.
 func TestLimitPids(t *testing.T) {
 	d := shared(t)
 	const limit = 48
@@ -141,7 +141,23 @@ func TestLimitPids(t *testing.T) {
 		if out := d.mustSh(t, j.ID, "echo ok"); out != "ok\n" {
 			t.Errorf("the jail after the bomb: %q", out)
 		}
+		stillServes(t, d, other, "the fork bomb")
 	})
+}
+
+// stillServes checks, after an attack on another jail, that the daemon
+// answers and that other (created before the attack) runs commands and
+// writes to its disk.
+func stillServes(t *testing.T, d *daemon, other jailInfo, attack string) {
+	t.Helper()
+	d.api.want(t, http.StatusOK, "GET", "/health", nil, nil)
+	if got := d.getJail(t, other.ID); got.Status != "running" {
+		t.Errorf("after %s the other jail is %s (%s)", attack, got.Status, got.Error)
+	}
+	res := d.exec(t, other.ID, execReq{Cmd: []string{"sh", "-c", "echo alive > /workspace/alive && cat /workspace/alive"}, TimeoutMs: 10_000})
+	if res.ExitCode != 0 || res.Stdout != "alive\n" {
+		t.Errorf("after %s the other jail's exec: %s", attack, &res)
+	}
 }
 
 // TestLimitSmallPids runs commands in a jail with a small pids_limit: the
@@ -168,11 +184,13 @@ func cgroupCount(controller, id, file string) (int64, error) {
 }
 
 // TestLimitMemory OOM-kills a memory hog, says so in the exec result and
-// the stats, and leaves the jail running.
+// the stats, and leaves the jail running; the daemon and a second jail
+// keep answering.
 func TestLimitMemory(t *testing.T) {
 	d := shared(t)
 	const limit = 64 << 20
 	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"memory_bytes": limit}}})
+	other := d.createJail(t, nil)
 	before := d.getJail(t, j.ID).Stats
 	if before == nil {
 		t.Fatal("GET /jails/{id} of a running jail has no stats")
@@ -200,14 +218,17 @@ func TestLimitMemory(t *testing.T) {
 	if out := d.mustSh(t, j.ID, "echo ok"); out != "ok\n" {
 		t.Errorf("the jail after the OOM kill: %q", out)
 	}
+	stillServes(t, d, other, "the memory hog")
 }
 
 // TestLimitDisk fills the jail's disk: ENOSPC, and the host's disk gives
-// the jail no more than its limit.
+// the jail no more than its limit; the daemon and a second jail keep
+// answering, and the second jail can still write.
 func TestLimitDisk(t *testing.T) {
 	d := shared(t)
 	const limit = 128 << 20
 	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"disk_bytes": limit}}})
+	other := d.createJail(t, nil)
 	// What the jail can take from the host is what the pool's image
 	// grows by; the host's free space, which anything else on the host
 	// changes too, is only logged.
@@ -249,6 +270,7 @@ func TestLimitDisk(t *testing.T) {
 		if st == nil || st.DiskLimitBytes == 0 || st.DiskUsedBytes > st.DiskLimitBytes || st.DiskLimitBytes > limit {
 			t.Errorf("disk stats: %+v (disk_bytes %d)", st, limit)
 		}
+		stillServes(t, d, other, "filling "+c.path)
 		d.shAs(t, j.ID, c.user, "rm -f "+c.path)
 	}
 	if out := d.mustSh(t, j.ID, "echo ok > /workspace/ok && cat /workspace/ok"); out != "ok\n" {
