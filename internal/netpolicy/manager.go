@@ -521,10 +521,8 @@ func (m *Manager) plumb(js *jailState) (err error) {
 	if err := writeSysctl("net/ipv4/conf/"+js.veth+"/forwarding", "1"); err != nil {
 		return err
 	}
-	if js.mode == ModeBridge {
-		if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
-			return err
-		}
+	if err := ensureForwarding(js.mode, js.policy); err != nil {
+		return err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("bringing up %s: %w", js.veth, err)
@@ -582,6 +580,9 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 	js, ok := m.jails[jailID]
 	if !ok {
 		return errdefs.NotFoundf("jail %s: no network attached", jailID)
+	}
+	if err := ensureForwarding(js.mode, cp); err != nil {
+		return fmt.Errorf("jail %s network policy: %w", jailID, err)
 	}
 	js.mu.Lock()
 	old := js.policy
@@ -742,6 +743,17 @@ func (m *Manager) extraProtected() []netip.Prefix {
 // decide evaluates the jail's current policy for t.
 func (m *Manager) decide(js *jailState, t Target) Decision {
 	return js.pol().decide(t, m.extraProtected())
+}
+
+// ensureForwarding turns on the host's IPv4 forwarding when a jail needs
+// it: in bridge mode for its direct connections, and for ingress rules,
+// since connections from other hosts arrive on the host's own interfaces,
+// which forward nothing while it is off. The table decides what passes.
+func ensureForwarding(mode string, cp *compiledPolicy) error {
+	if mode != ModeBridge && len(cp.ingress) == 0 {
+		return nil
+	}
+	return writeSysctl("net/ipv4/ip_forward", "1")
 }
 
 func writeSysctl(name, value string) error {

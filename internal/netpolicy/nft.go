@@ -383,6 +383,11 @@ func (rs *ruleset) bridgeEgress(add func(*nftables.Chain, ...*rb), egress, named
 	for _, c := range bl {
 		emit(named, c, refuseAs(c.label()))
 	}
+	// Recorded with the first allow rule that matches, as the daemon's
+	// decisions are (one of them named the address to get here).
+	for _, c := range al {
+		emit(named, c, acceptAs(c))
+	}
 	add(named, rule().note(rs, j.id, true, "named").accept())
 	for _, p := range rs.protected {
 		add(egress, rule().ip4().daddr(p).note(rs, j.id, false, "protected:"+p.String()).refuse())
