@@ -127,7 +127,11 @@ func jailPath(field, s string) error {
 func (n *Network) validate(h Host) error {
 	const p = "isolation.network."
 	if !contains(h.NetworkModes, n.Mode) {
-		return errdefs.Unprocessablef(p+"mode: %q is not available on this daemon (available: %s)", n.Mode, strings.Join(h.NetworkModes, ", "))
+		hint := ""
+		if n.Mode == NetHost {
+			hint = "; the daemon allows it when started with --allow-host-network"
+		}
+		return errdefs.Unprocessablef(p+"mode: %q is not available on this daemon (available: %s)%s", n.Mode, strings.Join(h.NetworkModes, ", "), hint)
 	}
 	for i, d := range n.DNSServers {
 		if net.ParseIP(d) == nil {
@@ -163,8 +167,11 @@ func (n *Network) validate(h Host) error {
 			return err
 		}
 	}
-	if l := n.Limits; l != nil && (l.RequestsPerMinute < 0 || l.BytesPerHour < 0) {
-		return errdefs.Unprocessablef(p + "limits: values must not be negative")
+	if l := n.Limits; l != nil && l.RequestsPerMinute < 0 {
+		return errdefs.Unprocessablef(p+"limits.requests_per_minute: %d must not be negative", l.RequestsPerMinute)
+	}
+	if l := n.Limits; l != nil && l.BytesPerHour < 0 {
+		return errdefs.Unprocessablef(p+"limits.bytes_per_hour: %d must not be negative", l.BytesPerHour)
 	}
 	for i, c := range n.Credentials {
 		field := fmt.Sprintf(p+"credentials[%d]", i)

@@ -177,23 +177,24 @@ var protectedRanges = []netip.Prefix{
 func compile(p Policy) (*compiledPolicy, error) {
 	cp := &compiledPolicy{src: p}
 	lists := []struct {
-		kind  string
+		kind  string // in the record's rule labels
+		field string // in the jail config (FromConfig), for messages
 		rules []Rule
 		dst   *[]compiled
 	}{
-		{"always_allow", p.AlwaysAllow, &cp.alwaysAllow},
-		{"allow", p.Allow, &cp.allow},
-		{"block", p.Block, &cp.block},
-		{"ingress", p.Ingress, &cp.ingress},
+		{"always_allow", "always_allow", p.AlwaysAllow, &cp.alwaysAllow},
+		{"allow", "allowed_egress", p.Allow, &cp.allow},
+		{"block", "blocked_egress", p.Block, &cp.block},
+		{"ingress", "allowed_ingress", p.Ingress, &cp.ingress},
 	}
 	for _, l := range lists {
 		for i, r := range l.rules {
 			c, err := compileRule(l.kind, r)
 			if err != nil {
-				return nil, fmt.Errorf("%s[%d]: %w", l.kind, i, err)
+				return nil, fmt.Errorf("%s[%d].%w", l.field, i, err)
 			}
 			if l.kind == "ingress" && !c.prefix.IsValid() {
-				return nil, errdefs.Invalidf("ingress[%d].destination %q: must be an IP address or CIDR", i, r.Destination)
+				return nil, errdefs.Invalidf("%s[%d].source %q: must be an IP address or CIDR", l.field, i, r.Destination)
 			}
 			*l.dst = append(*l.dst, c)
 		}
@@ -201,18 +202,18 @@ func compile(p Policy) (*compiledPolicy, error) {
 	for i, r := range p.InterJail {
 		for _, pat := range []string{r.From, r.To} {
 			if _, err := path.Match(pat, ""); err != nil || pat == "" {
-				return nil, errdefs.Invalidf("inter_jail[%d]: bad name pattern %q", i, pat)
+				return nil, errdefs.Invalidf("inter_agent_rules[%d]: bad name pattern %q", i, pat)
 			}
 		}
 		if err := checkPorts(r.Ports); err != nil {
-			return nil, fmt.Errorf("inter_jail[%d]: %w", i, err)
+			return nil, fmt.Errorf("inter_agent_rules[%d]: %w", i, err)
 		}
 	}
 	if p.RequestsPerMinute < 0 {
-		return nil, errdefs.Invalidf("requests_per_minute: must not be negative")
+		return nil, errdefs.Invalidf("limits.requests_per_minute: must not be negative")
 	}
 	if p.BytesPerHour < 0 {
-		return nil, errdefs.Invalidf("bytes_per_hour: must not be negative")
+		return nil, errdefs.Invalidf("limits.bytes_per_hour: must not be negative")
 	}
 	for i, c := range p.Credentials {
 		if _, err := normalizeDomain(strings.TrimPrefix(c.Host, "*.")); err != nil {

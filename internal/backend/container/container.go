@@ -6,6 +6,7 @@ package container
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -561,10 +562,41 @@ func (b *Backend) writeNetFiles(ctx context.Context, inst backend.Instance, p pa
 	if err == nil && len(att.CAPEM) > 0 {
 		err = writeInRoot(p.merged, att.CAPath, att.CAPEM, 0o644)
 	}
+	if err == nil && len(att.CAPEM) > 0 {
+		err = trustCA(p.merged, att.CAPEM)
+	}
 	if err != nil {
 		b.detach(context.WithoutCancel(ctx), inst)
 	}
 	return err
+}
+
+// systemCABundle is the trust store that clients read when no variable
+// names another (OpenSSL's default file on Debian and Ubuntu, which
+// curl, python, git and node use).
+const systemCABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// trustCA adds the daemon's CA to the jail's system trust store, once: a
+// client with a cleared environment then trusts the inspecting proxy too.
+// A root without the bundle (a minimal dir rootfs) is left as it is.
+func trustCA(root string, caPEM []byte) error {
+	bundle, err := readInRoot(root, systemCABundle, 16<<20)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("trust store: %w", err)
+	}
+	if bytes.Contains(bundle, bytes.TrimSpace(caPEM)) {
+		return nil
+	}
+	if len(bundle) > 0 && bundle[len(bundle)-1] != '\n' {
+		bundle = append(bundle, '\n')
+	}
+	if err := writeInRoot(root, systemCABundle, append(bundle, caPEM...), 0o644); err != nil {
+		return fmt.Errorf("trust store: %w", err)
+	}
+	return nil
 }
 
 func (b *Backend) detach(ctx context.Context, inst backend.Instance) {

@@ -3,6 +3,7 @@ package container
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"strings"
@@ -70,4 +71,39 @@ func writeInRoot(root, p string, data []byte, mode uint32) error {
 		return fmt.Errorf("jail path %s: %w", p, err)
 	}
 	return f.Chmod(os.FileMode(mode))
+}
+
+// readInRoot reads the regular file at jail path p below root, resolving
+// every component inside root like writeInRoot, and reads at most limit
+// bytes (a longer file is an error). A file the jail replaced with a FIFO
+// or device is refused without blocking.
+func readInRoot(root, p string, limit int64) ([]byte, error) {
+	rootFD, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open jail root: %w", err)
+	}
+	defer unix.Close(rootFD)
+	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS}
+	fd, err := unix.Openat2(rootFD, path.Clean("/"+p), how)
+	if err != nil {
+		return nil, fmt.Errorf("jail path %s: %w", p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("jail path %s: %w", p, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("jail path %s: not a regular file", p)
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("jail path %s: larger than %d bytes", p, limit)
+	}
+	data := make([]byte, st.Size())
+	n, err := io.ReadFull(f, data)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("jail path %s: %w", p, err)
+	}
+	return data[:n], nil
 }
