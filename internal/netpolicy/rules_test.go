@@ -562,8 +562,9 @@ func hostProtected(t *testing.T, in *internet) {
 
 // TestProtectedAddresses: every cloud metadata address of the protected
 // list that the test internet can host is refused, directly (bridge mode)
-// and through each proxy, even under rules allowing everything; a rule
-// naming the exact address allows it, and only it.
+// and through each proxy, even under rules allowing everything, and so is
+// an address of every other protected range; a rule naming the exact
+// address allows it, and only it.
 func TestProtectedAddresses(t *testing.T) {
 	e := setup(t)
 	hostProtected(t, e.in)
@@ -618,6 +619,26 @@ func TestProtectedAddresses(t *testing.T) {
 			t.Errorf("%s (%s) directly: %s, want refused", a, p.label, got)
 		}
 		refused(ViaKernel)
+	}
+
+	// Every other protected range, and those known at run time (the jail
+	// subnet, the host's addresses), through the proxy.
+	others := map[netip.Addr]string{e.m.daemon: "protected:" + testSubnet, inetHost: "protected:" + inetHost.String() + "/32"}
+	for _, r := range protectedRanges {
+		a := r.Addr()
+		if r.Bits() < a.BitLen() {
+			a = a.Next()
+		}
+		others[a] = "protected:" + r.String()
+	}
+	for a, rule := range others {
+		url := "http://" + net.JoinHostPort(a.String(), "80") + "/other"
+		if s, c := w.curl(t, map[string]string{"http_proxy": px}, url); s != "403" {
+			t.Errorf("%s through the http proxy: status %s exit %d, want 403", a, s, c)
+		}
+		e.rec.wait(t, w.id, "proxy refusal of "+a.String(), func(ev ConnEvent) bool {
+			return ev.Via == ViaHTTPProxy && ev.Host == a.String() && ev.Path == "/other" && ev.Status == 403 && ev.Rule == rule
+		})
 	}
 
 	// Rules naming the exact addresses.
