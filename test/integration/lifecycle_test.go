@@ -352,3 +352,37 @@ func TestLifecycleTransitions(t *testing.T) {
 		}
 	})
 }
+
+// TestLifecycleIllegalTransitionsSayWhy makes the transitions the state
+// machine has no arrow for: each answers 409 with a message naming the
+// jail's state, and the jail stays in it.
+func TestLifecycleIllegalTransitionsSayWhy(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, map[string]any{"start": false})
+	base := "/jails/" + j.ID
+	refused := func(state, method, path string, body any) {
+		t.Helper()
+		r := d.api.do(t, method, path, body)
+		if r.status != http.StatusConflict {
+			t.Errorf("%s %s of a %s jail: want 409, got %s", method, path, state, r)
+			return
+		}
+		if msg := r.errorMessage(); !strings.Contains(msg, j.Name) || !strings.Contains(msg, state) {
+			t.Errorf("%s %s of a %s jail: the message does not name the jail and its state: %q", method, path, state, msg)
+		}
+		if got := d.getJail(t, j.ID); got.Status != state {
+			t.Errorf("%s %s of a %s jail changed it to %s", method, path, state, got.Status)
+		}
+	}
+	run := execReq{Cmd: []string{"true"}}
+	refused("created", "POST", base+"/exec", run)
+	refused("created", "POST", base+"/exec/stream", run)
+	refused("created", "PUT", base+"/files/workspace/x", "x")
+	refused("created", "POST", base+"/stop", nil)
+	d.api.want(t, http.StatusOK, "POST", base+"/start", nil, nil)
+	refused("running", "POST", base+"/start", nil)
+	d.api.want(t, http.StatusOK, "POST", base+"/stop", map[string]any{"timeout_s": 0}, nil)
+	refused("stopped", "POST", base+"/stop", nil)
+	refused("stopped", "POST", base+"/exec", run)
+	refused("stopped", "GET", base+"/files/workspace", nil)
+}
