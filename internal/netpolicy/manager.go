@@ -143,8 +143,14 @@ type Attachment struct {
 	HostNetwork bool
 }
 
-// JailCAPath is where the jail is expected to find the daemon CA.
+// JailCAPath is where the jail is expected to find the daemon CA alone.
 const JailCAPath = "/etc/ssl/certs/agentjail-ca.pem"
+
+// JailTrustStore is the jail's system bundle (OpenSSL's default file on
+// Debian and Ubuntu), where the jail is expected to find the daemon CA
+// besides the roots its rootfs brings: hosts the proxy does not inspect
+// still present their own certificates.
+const JailTrustStore = "/etc/ssl/certs/ca-certificates.crt"
 
 // servicePorts are the daemon's ports on the daemon address.
 type servicePorts struct {
@@ -461,9 +467,12 @@ func (m *Manager) attachment(js *jailState, cp *compiledPolicy) Attachment {
 	env["all_proxy"] = env["ALL_PROXY"]
 	env["no_proxy"] = env["NO_PROXY"]
 	if cp.src.TLSInspection || len(cp.src.Credentials) > 0 {
-		for _, k := range []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"} {
-			env[k] = JailCAPath
+		// These variables replace a client's roots, so they name the full
+		// bundle; node's adds to its own.
+		for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"} {
+			env[k] = JailTrustStore
 		}
+		env["NODE_EXTRA_CA_CERTS"] = JailCAPath
 	}
 	return Attachment{
 		IP: js.ip, Gateway: m.daemon, Interface: js.veth, Env: env,

@@ -122,7 +122,7 @@ func TestTLSInspectionAndCredentials(t *testing.T) {
 
 	env := map[string]string{}
 	for k, v := range j.att.Env {
-		if v == JailCAPath {
+		if v == JailCAPath || v == JailTrustStore {
 			v = e.caJF
 		}
 		env[k] = v

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -374,7 +375,21 @@ func TestNetworkTLSInspectionTrustStore(t *testing.T) {
 	if !strings.Contains(bundle, strings.TrimSpace(string(caPEM))) {
 		t.Errorf("the jail's CA bundle lacks the daemon's CA")
 	}
+	// The variables that replace a client's roots name a bundle that
+	// keeps the rootfs's roots (hosts the proxy does not inspect present
+	// their own certificates), besides the daemon's CA.
+	counts := d.mustSh(t, j.ID, `for f in "$SSL_CERT_FILE" "$REQUESTS_CA_BUNDLE" "$GIT_SSL_CAINFO" "$CURL_CA_BUNDLE"; do grep -c 'BEGIN CERTIFICATE' "$f"; done`)
+	for _, n := range strings.Fields(counts) {
+		if c, _ := strconv.Atoi(n); c < 2 {
+			t.Errorf("certificates in the bundles the CA variables name: %q, want the system roots and the daemon's CA in each", counts)
+			break
+		}
+	}
+	if got := d.mustSh(t, j.ID, `cat "$NODE_EXTRA_CA_CERTS"`); strings.TrimSpace(got) != strings.TrimSpace(string(caPEM)) {
+		t.Errorf("NODE_EXTRA_CA_CERTS names a file that is not the daemon's CA alone")
+	}
 	for _, cmd := range [][]string{
+		{"curl", "-s", "-m", "8", "-o", "/dev/null", "-w", "%{http_code}", "https://web.test/curl-env"},
 		{"env", "-i", "/usr/bin/curl", "-s", "-m", "8", "-o", "/dev/null", "-w", "%{http_code}", "https://web.test/curl"},
 		{"env", "-i", "/usr/bin/python3", "-c", `
 import urllib.request, urllib.error
@@ -386,7 +401,7 @@ except urllib.error.HTTPError as e:
 	} {
 		res := d.exec(t, j.ID, execReq{Cmd: cmd})
 		if res.Stdout != "502" {
-			t.Errorf("%s with no CA variables: want the proxy's 502 after a trusted handshake, got %s", cmd[2], &res)
+			t.Errorf("%v: want the proxy's 502 after a trusted handshake, got %s", cmd, &res)
 		}
 	}
 	d.waitNetRecord(t, j.ID, "the untrusted upstream", func(r netRecord) bool {

@@ -571,20 +571,14 @@ func (b *Backend) writeNetFiles(ctx context.Context, inst backend.Instance, p pa
 	return err
 }
 
-// systemCABundle is the trust store that clients read when no variable
-// names another (OpenSSL's default file on Debian and Ubuntu, which
-// curl, python, git and node use).
-const systemCABundle = "/etc/ssl/certs/ca-certificates.crt"
-
-// trustCA adds the daemon's CA to the jail's system trust store, once: a
-// client with a cleared environment then trusts the inspecting proxy too.
-// A root without the bundle (a minimal dir rootfs) is left as it is.
+// trustCA adds the daemon's CA to the jail's system trust store
+// (netpolicy.JailTrustStore), once: a client with a cleared environment
+// then trusts the inspecting proxy too, and the proxy variables that name
+// the store keep the rootfs's roots. A root without the store (a minimal
+// dir rootfs) gets one holding the CA alone.
 func trustCA(root string, caPEM []byte) error {
-	bundle, err := readInRoot(root, systemCABundle, 16<<20)
-	if errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if err != nil {
+	bundle, err := readInRoot(root, netpolicy.JailTrustStore, 16<<20)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("trust store: %w", err)
 	}
 	if bytes.Contains(bundle, bytes.TrimSpace(caPEM)) {
@@ -593,7 +587,7 @@ func trustCA(root string, caPEM []byte) error {
 	if len(bundle) > 0 && bundle[len(bundle)-1] != '\n' {
 		bundle = append(bundle, '\n')
 	}
-	if err := writeInRoot(root, systemCABundle, append(bundle, caPEM...), 0o644); err != nil {
+	if err := writeInRoot(root, netpolicy.JailTrustStore, append(bundle, caPEM...), 0o644); err != nil {
 		return fmt.Errorf("trust store: %w", err)
 	}
 	return nil
