@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -379,18 +380,36 @@ func TestSeccompFromProfile(t *testing.T) {
 // TestSpecUnheldCapability: a capability outside the daemon's bounding set
 // is refused up front rather than by the runtime at create.
 func TestSpecUnheldCapability(t *testing.T) {
-	missing := ""
-	for i, c := range config.AllCapabilities {
-		if held, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(i), 0, 0, 0); err != nil || held != 1 {
-			missing = c
-			break
+	check := func(missing string) {
+		_, err := Spec(testOptions(func(c *config.Config) { c.Isolation.Process.Capabilities = []string{missing} }))
+		if !errors.Is(err, errdefs.ErrUnprocessable) || !strings.Contains(err.Error(), "isolation.process.capabilities: "+missing) {
+			t.Errorf("unheld %s: %v", missing, err)
 		}
 	}
-	if missing == "" {
-		t.Skip("this process holds every capability")
+	for i, c := range config.AllCapabilities {
+		if held, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(i), 0, 0, 0); err != nil || held != 1 {
+			check(c)
+			return
+		}
 	}
-	_, err := Spec(testOptions(func(c *config.Config) { c.Isolation.Process.Capabilities = []string{missing} }))
-	if !errors.Is(err, errdefs.ErrUnprocessable) || !strings.Contains(err.Error(), "isolation.process.capabilities: "+missing) {
-		t.Errorf("unheld %s: %v", missing, err)
+	// This process holds every capability (root): drop one from the
+	// bounding set of a thread of its own (the set is per thread), check
+	// there, and let the thread end with its goroutine.
+	if os.Geteuid() != 0 {
+		t.Fatal("every capability is held, but not as root")
+	}
+	last := len(config.AllCapabilities) - 1
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(last), 0, 0, 0); err != nil {
+			done <- err
+			return
+		}
+		check(config.AllCapabilities[last])
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("dropping %s from a thread's bounding set: %v", config.AllCapabilities[last], err)
 	}
 }
