@@ -79,7 +79,7 @@ for _ in range(an):
 print("rcode", rcode, "answers", ",".join(addrs))
 `
 
-// DNS query types and reply codes used below.
+// DNS query types used below.
 const (
 	qtypeA    = 1
 	qtypeAAAA = 28
