@@ -556,6 +556,8 @@ func (c *client) send(method, path string, in any, header ...string) (*response,
 		body = bytes.NewReader(v)
 	case string:
 		body = strings.NewReader(v)
+	case io.Reader: // sent chunked, without a length
+		body = v
 	default:
 		b, err := json.Marshal(v)
 		if err != nil {
