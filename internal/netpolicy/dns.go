@@ -128,6 +128,9 @@ func (m *Manager) answerDNS(js *jailState, src string, q []byte, max int) []byte
 			rh.RCode = dnsmessage.RCodeNameError
 			d.Allow = false
 		}
+		if d.Allow {
+			m.learn(js, name, answers)
+		}
 	}
 	b := dnsmessage.NewBuilder(make([]byte, 0, 512), rh)
 	b.EnableCompression()

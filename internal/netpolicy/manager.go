@@ -180,6 +180,9 @@ type jailState struct {
 	// manager's mu.
 	limited string
 	relief  *time.Timer
+	// learned are the addresses the daemon's DNS gave the jail, by
+	// address (bridge mode; see direct.go). Guarded by the manager's mu.
+	learned map[netip.Addr]learnedNames
 }
 
 func (js *jailState) pol() *compiledPolicy {
@@ -207,9 +210,15 @@ type Manager struct {
 
 	srv *services
 
-	mu    sync.Mutex // guards jails, byIP and the kernel state
+	mu    sync.Mutex // guards jails, byIP, the prune timer and the kernel state
 	jails map[string]*jailState
 	byIP  map[netip.Addr]*jailState
+	// pruner rebuilds the table without expired learned addresses at
+	// pruneAt (see direct.go).
+	pruner  *time.Timer
+	pruneAt time.Time
+	// now is the clock of learned addresses (time.Now; tests move it).
+	now func() time.Time
 
 	hostMu    sync.Mutex
 	hostAddrs []netip.Prefix
@@ -262,8 +271,8 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	m := &Manager{
 		o: o, log: o.Log, subnet: subnet, daemon: subnet.Addr().Next(),
 		dummy: o.Prefix + "0", table: tableName(o.Prefix), ports: defaultPorts,
-		closing: make(chan struct{}),
-		jails:   map[string]*jailState{}, byIP: map[netip.Addr]*jailState{},
+		closing: make(chan struct{}), now: time.Now,
+		jails: map[string]*jailState{}, byIP: map[netip.Addr]*jailState{},
 	}
 	h := fnv.New32a()
 	h.Write([]byte(o.Prefix))
@@ -686,6 +695,9 @@ func (m *Manager) Close() error {
 	close(m.closing)
 	m.stopServices()
 	m.mu.Lock()
+	if m.pruner != nil {
+		m.pruner.Stop()
+	}
 	for id, js := range m.jails {
 		js.up.closeIdle(true)
 		delete(m.jails, id)
@@ -713,9 +725,17 @@ func (m *Manager) applyLocked() error {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	var extra []netip.Prefix
 	for _, id := range ids {
 		js := m.jails[id]
-		rs.jails = append(rs.jails, jailRules{id: js.id, name: js.name, veth: js.veth, ip: js.ip, mode: js.mode, policy: js.pol(), limited: js.limited})
+		jr := jailRules{id: js.id, name: js.name, veth: js.veth, ip: js.ip, mode: js.mode, policy: js.pol(), limited: js.limited}
+		if js.mode == ModeBridge {
+			if extra == nil {
+				extra = m.extraProtected()
+			}
+			jr.direct = directSets(js.id, jr.policy, js.learned, extra, m.now())
+		}
+		rs.jails = append(rs.jails, jr)
 	}
 	return rs.apply()
 }

@@ -214,10 +214,11 @@ func (m *Manager) nflogPacket(attrs []byte) {
 	case strings.HasPrefix(rule, "ingress"):
 		ev.Dir = "ingress"
 	}
+	var dst netip.Addr
 	if len(payload) >= 20 && payload[0]>>4 == 4 {
 		ihl := int(payload[0]&0xf) * 4
 		src := netip.AddrFrom4([4]byte(payload[12:16]))
-		dst := netip.AddrFrom4([4]byte(payload[16:20]))
+		dst = netip.AddrFrom4([4]byte(payload[16:20]))
 		ev.Src, ev.Dst = src.String(), dst.String()
 		switch payload[9] {
 		case unix.IPPROTO_TCP:
@@ -235,6 +236,12 @@ func (m *Manager) nflogPacket(attrs []byte) {
 			ev.Src = netip.AddrPortFrom(src, sp).String()
 			ev.Dst = netip.AddrPortFrom(dst, dp).String()
 			ev.Port = int(dp)
+		}
+	}
+	if rule == ruleDNS {
+		// A learned address: name the host and the rule that allows it.
+		if host, rule, ok := m.learnedRule(id, Target{IP: dst, Port: ev.Port, Proto: ev.Proto}, m.extraProtected()); ok {
+			ev.Host, ev.Rule = host, rule
 		}
 	}
 	if ev.Verdict == VerdictAllow && ev.Dir == "" {

@@ -169,6 +169,9 @@ type jailRules struct {
 	// limited names the rate limit the jail is over ("" when none): its
 	// direct connections are refused until the budget refills.
 	limited string
+	// direct are the sets of learned addresses the jail may reach
+	// directly (bridge mode; see direct.go).
+	direct []directSet
 }
 
 // ruleset is everything the manager's table holds.
@@ -270,7 +273,11 @@ func (rs *ruleset) apply() error {
 			add(named, rule().note(rs, j.id, false, j.limited).refuse())
 		}
 		if j.mode == ModeBridge {
-			rs.bridgeEgress(add, egress, named, j)
+			direct, err := rs.addDirectSets(c, t, j)
+			if err != nil {
+				return err
+			}
+			rs.bridgeEgress(add, egress, named, j, direct)
 		} else {
 			add(egress, rule().note(rs, j.id, false, "mode:"+j.mode).refuse())
 		}
@@ -335,7 +342,7 @@ func (rs *ruleset) apply() error {
 // bridgeEgress fills a bridge-mode jail's egress chain (see Policy for
 // the order it implements) and its chain for protected addresses a rule
 // names.
-func (rs *ruleset) bridgeEgress(add func(*nftables.Chain, ...*rb), egress, named *nftables.Chain, j jailRules) {
+func (rs *ruleset) bridgeEgress(add func(*nftables.Chain, ...*rb), egress, named *nftables.Chain, j jailRules, direct []*rb) {
 	v4 := func(list []compiled) []compiled {
 		var out []compiled
 		for _, c := range list {
@@ -392,6 +399,9 @@ func (rs *ruleset) bridgeEgress(add func(*nftables.Chain, ...*rb), egress, named
 	for _, p := range rs.protected {
 		add(egress, rule().ip4().daddr(p).note(rs, j.id, false, "protected:"+p.String()).refuse())
 	}
+	// Addresses learned from DNS: their sets hold only what the policy
+	// allows there, block rules included.
+	add(egress, direct...)
 	for _, c := range aa {
 		emit(egress, c, acceptAs(c))
 	}
