@@ -348,11 +348,31 @@ func (p *Pool) release(w warmDisk) error {
 	return nil
 }
 
+// poolBusyGrace is how long Teardown retries a busy pool. A mount
+// namespace made while a disk was mounted (a container being set up, an
+// `ip netns exec`) holds a copy of that mount, and with it the disk's loop
+// device and its image in the pool, until the namespace's process moves on
+// or exits; that is a matter of moments, which no event announces.
+const poolBusyGrace = 10 * time.Second
+
+// unmountPool unmounts the pool, retrying while it is busy for at most
+// poolBusyGrace.
+func unmountPool(poolDir string) error {
+	deadline := time.Now().Add(poolBusyGrace)
+	for {
+		err := unix.Unmount(poolDir, unix.UMOUNT_NOFOLLOW)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // Teardown unmounts the storage pool of dataDir and detaches its loop
 // device. Warm disks are unmounted first; a jail disk from the pool that is
 // still mounted makes it fail with errdefs.ErrConflict naming the mount, as
-// does a pool that is otherwise busy. Idempotent: a pool that is not mounted
-// is not an error.
+// does a pool that stays busy for poolBusyGrace. Idempotent: a pool that is
+// not mounted is not an error.
 func Teardown(dataDir string) error {
 	dataDir = filepath.Clean(dataDir)
 	poolDir := filepath.Join(dataDir, "pool")
@@ -381,7 +401,7 @@ func Teardown(dataDir string) error {
 		return fmt.Errorf("storage pool teardown: %w", err)
 	}
 	if mounted {
-		if err := unix.Unmount(poolDir, unix.UMOUNT_NOFOLLOW); err != nil {
+		if err := unmountPool(poolDir); err != nil {
 			if errors.Is(err, unix.EBUSY) {
 				return errdefs.Wrap(errdefs.ErrConflict, err, "storage pool %s is busy", poolDir)
 			}
