@@ -349,12 +349,36 @@ func (r *recorder) dump() string {
 	return fmt.Sprintf("%+v", r.evs)
 }
 
-// inventory lists interfaces, routes and nft tables of the host.
+// inventory lists the interfaces, routes and nft tables of the host that
+// belong to these tests' managers and test internet.
 func inventory(t testing.TB) string {
 	t.Helper()
+	// Only what these tests make: other test packages (daemons of the
+	// end-to-end tests) change the host's network at the same time.
+	ours := func(line string) bool {
+		for _, s := range []string{testPrefix, "ajx", "10.89.", "198.18.", "169.254.", "fd00:ec2:", "fd20:ce:"} {
+			if strings.Contains(line, s) {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
 	links := strings.Fields(run(t, "sh", "-c", "ip -o link | awk -F': ' '{print $2}'"))
 	sort.Strings(links)
-	return strings.Join(links, " ") + "\n" + run(t, "ip", "route", "show", "table", "all") + run(t, "nft", "list", "tables")
+	for _, l := range links {
+		if ours(l) {
+			out = append(out, l)
+		}
+	}
+	for _, cmd := range [][]string{{"ip", "route", "show", "table", "all"}, {"nft", "list", "tables"}} {
+		for _, line := range strings.Split(run(t, cmd[0], cmd[1:]...), "\n") {
+			if ours(line) {
+				out = append(out, line)
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // jail is an attached test jail.
