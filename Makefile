@@ -34,9 +34,12 @@ build:
 run: setup build
 	exec ./$(BIN) serve
 
-## test: formatting, vet and the whole test suite (unit + end-to-end)
+## test: formatting, vet and the whole test suite (unit + end-to-end). The
+## packages run one at a time: they share host-wide state (a mount namespace
+## made by one copies the others' mounts and pins them; interfaces, routes
+## and nftables tables are the host's).
 test: setup build fmt-check vet
-	$(GO) test -count=1 -timeout 60m ./...
+	$(GO) test -count=1 -p 1 -timeout 60m ./...
 
 fmt-check:
 	@out=$$(gofmt -l $(GOFILES)); \

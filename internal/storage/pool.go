@@ -736,11 +736,6 @@ func trim(mountpoint string) error {
 		return fmt.Errorf("trim %s: %w", mountpoint, err)
 	}
 	defer unix.Close(fd)
-	// XFS frees the blocks of deleted files in the background; syncfs
-	// waits for that, so that FITRIM finds them free.
-	if err := unix.Syncfs(fd); err != nil {
-		return fmt.Errorf("trim %s: syncfs: %w", mountpoint, err)
-	}
 	r := struct{ start, len, minLen uint64 }{len: math.MaxUint64}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctlFITRIM, uintptr(unsafe.Pointer(&r))); errno != 0 {
 		return fmt.Errorf("trim %s: %w", mountpoint, errno)
