@@ -736,6 +736,11 @@ func trim(mountpoint string) error {
 		return fmt.Errorf("trim %s: %w", mountpoint, err)
 	}
 	defer unix.Close(fd)
+	// XFS frees a deleted file's blocks in the background (inode
+	// inactivation); syncfs waits for that, so that FITRIM finds them free.
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("trim %s: syncfs: %w", mountpoint, err)
+	}
 	r := struct{ start, len, minLen uint64 }{len: math.MaxUint64}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctlFITRIM, uintptr(unsafe.Pointer(&r))); errno != 0 {
 		return fmt.Errorf("trim %s: %w", mountpoint, errno)

@@ -193,6 +193,23 @@ func TestDiskLimitIsENOSPC(t *testing.T) {
 	if err := Unmount(merged); err != nil {
 		t.Fatal(err)
 	}
+	// A copy of the overlay mount in a mount namespace made meanwhile (by
+	// a process on the host) pins the deleted file until that namespace
+	// goes: wait for the disk's space to come back.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(mnt, &fs); err != nil {
+			t.Fatal(err)
+		}
+		if fs.Bfree > fs.Blocks*3/4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the deleted file's space did not come back: %d of %d blocks free", fs.Bfree, fs.Blocks)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	// Unmounting trims: the deleted file's blocks leave the image.
 	if err := UnmountDisk(mnt); err != nil {
 		t.Fatal(err)
