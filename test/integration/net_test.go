@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -28,9 +29,10 @@ import (
 )
 
 // testInternet is a network namespace reached from the host over a veth,
-// with an HTTP server on port 80 and an HTTPS server (a self-signed
-// certificate no one trusts) on port 443 at addr. The daemon's DNS gets
-// its names from the hosts file at hosts.
+// with an HTTP server on port 80, an HTTPS server (a self-signed
+// certificate no one trusts) on port 443 and TCP echo services on ports 7
+// and 9 at addr. The daemon's DNS gets its names from the hosts file at
+// hosts.
 type testInternet struct {
 	addr  string
 	hosts string
@@ -84,6 +86,19 @@ func newTestInternet(t *testing.T, names ...string) *testInternet {
 		srv := &http.Server{Handler: handler}
 		go srv.Serve(ln)
 		t.Cleanup(func() { srv.Close() })
+	}
+	// TCP echo services on ports 7 and 9, for direct connections.
+	for _, port := range []string{"7", "9"} {
+		echo := listenInNetns(t, ns, net.JoinHostPort(addr, port))
+		go func() {
+			for {
+				c, err := echo.Accept()
+				if err != nil {
+					return
+				}
+				go func() { io.Copy(c, c); c.Close() }()
+			}
+		}()
 	}
 	return in
 }
@@ -446,4 +461,43 @@ except OSError as e:
 	if got := hd.mustSh(t, host.ID, "stat -L -c %i /proc/self/ns/net"); got != fmt.Sprintf("%d\n", st.Ino) {
 		t.Errorf("a jail in mode host is in network namespace %q, want the host's %d", got, st.Ino)
 	}
+}
+
+// TestNetworkBridgeDirectByName: a jail in bridge mode whose config allows
+// a name on a port other than 80/443 connects to it directly once the
+// daemon's DNS has answered for the name; before that answer, and on other
+// ports or names, the kernel refuses; the record names the host and rule.
+func TestNetworkBridgeDirectByName(t *testing.T) {
+	requireEnv(t)
+	in := newTestInternet(t, "echo.test", "other.test")
+	d := newDaemon(t, "--hosts-file", in.hosts)
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"network": map[string]any{
+		"mode": "bridge", "allowed_egress": []map[string]any{{"destination": "echo.test", "ports": []int{7}, "protocol": "tcp"}},
+	}}})
+	const probe = `
+import socket, sys
+def connect(host, port):
+    s = socket.socket(); s.settimeout(5)
+    try:
+        s.connect((host, port)); s.sendall(b"ping"); return s.recv(4).decode()
+    except OSError as e:
+        return "refused" if isinstance(e, ConnectionRefusedError) else "error %s" % e
+addr = sys.argv[1]
+print(connect(addr, 7))
+print(socket.gethostbyname("echo.test"))
+print(connect(addr, 7))
+print(connect(addr, 9))
+try:
+    socket.gethostbyname("other.test"); print("resolved")
+except socket.gaierror:
+    print("nxdomain")
+`
+	res := d.exec(t, j.ID, execReq{Cmd: []string{"python3", "-c", probe, in.addr}})
+	want := "refused\n" + in.addr + "\nping\nrefused\nnxdomain\n"
+	if res.Stdout != want {
+		t.Errorf("direct connections by name in bridge mode:\n%s\nwant (before the lookup, the lookup, after it, another port, another name):\n%s", &res, want)
+	}
+	d.waitNetRecord(t, j.ID, "the direct connection allowed by name", func(r netRecord) bool {
+		return r.Via == "kernel" && r.Verdict == "allow" && r.Host == "echo.test" && r.Rule == "allow:echo.test"
+	})
 }
