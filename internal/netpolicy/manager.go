@@ -310,6 +310,8 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	if err := m.applyLocked(); err != nil {
 		return nil, err
 	}
+	m.wg.Add(1)
+	go m.pollBytes()
 	ok, locked = true, false
 	return m, nil
 }
@@ -713,6 +715,13 @@ func (m *Manager) Close() error {
 // applyLocked rebuilds the kernel table from the attached jails. m.mu is
 // held (or the manager is not shared yet).
 func (m *Manager) applyLocked() error {
+	// The rebuild resets the counters of direct bytes: charge them first.
+	for _, js := range m.harvestBytesLocked() {
+		if why := js.limiter().exhausted(); why != "" {
+			js.limited = why
+			m.scheduleRelief(js)
+		}
+	}
 	rs := &ruleset{table: m.table, prefix: m.o.Prefix + "v", subnet: m.subnet, daemon: m.daemon,
 		group: m.group, ports: m.ports}
 	for _, p := range protectedRanges {

@@ -231,6 +231,7 @@ func (rs *ruleset) apply() error {
 
 	daemon := netip.PrefixFrom(rs.daemon, 32)
 	add(input, rule().iif(rs.prefix, true).ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED).accept())
+	rs.addByteCounters(c, t, add, forward)
 	add(forward, rule().ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED).accept(),
 		rule().iif(rs.prefix, true).ctState(expr.CtStateBitINVALID).drop())
 

@@ -441,10 +441,10 @@ func TestBytesPerHour(t *testing.T) {
 		Allow:        []Rule{{Destination: "allowed.test"}, {Destination: inetA.String(), Ports: []int{7}, Protocol: ProtoTCP}},
 		BytesPerHour: budget,
 	}
+	// No direct connection before the budget is spent: the kernel counts
+	// its bytes with their headers (TestDirectBytes), which would upset
+	// the exact accounting of the proxied bodies below.
 	j := attach(t, e.m, "bytes", ModeBridge, p)
-	if got := j.connect(t, inetA.String(), 7); got != "connected ping" {
-		t.Fatalf("direct connection within the budget: %s", got)
-	}
 	get := func(n int) (string, int) {
 		t.Helper()
 		out, code := j.exec(t, nil, "curl", "-sS", "--max-time", "8", "-w", " %{http_code}", "http://allowed.test"+path)

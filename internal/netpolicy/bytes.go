@@ -1,0 +1,110 @@
+package netpolicy
+
+import (
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+)
+
+// Direct bytes (bridge mode). The proxies charge the bytes they carry to
+// a jail's bytes_per_hour budget; the bytes of a bridge jail's direct
+// connections pass the kernel only, so the table counts them: a named
+// counter per such jail, fed by its veth's forwarded packets both ways.
+// The manager reads and resets the counters every bytesPoll (and before
+// each rebuild of the table, which would lose them), charges the budgets,
+// and once one is spent refuses the jail's new connections as it does
+// when the proxies spend it.
+
+// bytesPoll is how often the counters of direct bytes are read.
+const bytesPoll = time.Second
+
+// counterPrefix names the per-jail counters of direct bytes.
+const counterPrefix = "b_"
+
+// countsBytes reports whether the kernel counts the jail's direct bytes:
+// a bridge jail with a byte budget.
+func (j jailRules) countsBytes() bool {
+	return j.mode == ModeBridge && j.policy.src.BytesPerHour > 0
+}
+
+// addByteCounters adds the counters of the jails whose direct bytes are
+// counted, and the forward rules that feed them, first in the chain.
+func (rs *ruleset) addByteCounters(c *nftables.Conn, t *nftables.Table, add func(*nftables.Chain, ...*rb), forward *nftables.Chain) {
+	for _, j := range rs.jails {
+		if !j.countsBytes() {
+			continue
+		}
+		name := counterPrefix + j.id
+		c.AddObj(&nftables.CounterObj{Table: t, Name: name})
+		ref := func() expr.Any { return &expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name} }
+		add(forward, rule().iif(j.veth, false).add(ref()), rule().oif(j.veth, false, expr.CmpOpEq).add(ref()))
+	}
+}
+
+// harvestBytesLocked reads and resets the counters of direct bytes and
+// charges them to the jails' budgets. It returns the jails whose budget
+// is now spent but whose direct connections the kernel still lets
+// through. m.mu is held.
+func (m *Manager) harvestBytesLocked() []*jailState {
+	counting := false
+	for _, js := range m.jails {
+		if js.mode == ModeBridge && js.pol().src.BytesPerHour > 0 {
+			counting = true
+			break
+		}
+	}
+	if !counting {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		m.log.Warn("nftables", "err", err)
+		return nil
+	}
+	objs, err := c.ResetObjects(&nftables.Table{Name: m.table, Family: nftables.TableFamilyINet})
+	if err != nil {
+		m.log.Warn("reading the counters of direct bytes", "err", err)
+		return nil
+	}
+	var over []*jailState
+	for _, o := range objs {
+		co, ok := o.(*nftables.CounterObj)
+		if !ok || !strings.HasPrefix(co.Name, counterPrefix) || co.Bytes == 0 {
+			continue
+		}
+		js := m.jails[strings.TrimPrefix(co.Name, counterPrefix)]
+		if js == nil {
+			continue
+		}
+		l := js.limiter()
+		l.spend(int64(co.Bytes))
+		if why := l.exhausted(); why != "" && js.limited != why {
+			over = append(over, js)
+		}
+	}
+	return over
+}
+
+// pollBytes charges direct bytes every bytesPoll until the manager closes.
+func (m *Manager) pollBytes() {
+	defer m.wg.Done()
+	t := time.NewTicker(bytesPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.closing:
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		over := m.harvestBytesLocked()
+		m.mu.Unlock()
+		for _, js := range over {
+			if why := js.limiter().exhausted(); why != "" {
+				m.overLimit(js, why)
+			}
+		}
+	}
+}
