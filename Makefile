@@ -54,11 +54,12 @@ lint: fmt-check vet
 	@if command -v shellcheck >/dev/null; then shellcheck scripts/*.sh .ci/run; fi
 
 ## bench: end-to-end benchmarks against the real daemon, the network policy
-## path and init's exec path, as a table; then the kernel-side tracer's
+## path and init's exec path (one package at a time, so that they do not
+## compete for the CPUs), as a table; then the kernel-side tracer's
 ## numbers (traced vs untraced vs strace, events/s, host cost per syscall)
 bench: setup build
 	@set -o pipefail; \
-	$(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime $(BENCHTIME) \
+	$(GO) test -count=1 -p 1 -timeout 60m -run '^$$' -bench . -benchtime $(BENCHTIME) \
 		./test/integration/ ./internal/netpolicy/ ./internal/initclient/ \
 		| tee /dev/stderr | scripts/benchtable.sh
 	@set -o pipefail; AGENTJAIL_BENCH=1 $(GO) test -count=1 -timeout 30m -run 'Bench' -v ./internal/observe/bpf/ \
