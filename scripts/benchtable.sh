@@ -6,6 +6,10 @@
 set -euo pipefail
 
 awk '
+/^pkg: / {
+	pkg = $2
+	sub(/.*\//, "", pkg)
+}
 /^Benchmark/ {
 	name = $1
 	sub(/-[0-9]+$/, "", name)
@@ -31,6 +35,10 @@ awk '
 		extra = ""
 		for (u = 1; u <= k; u++) {
 			extra = extra sprintf("%s=%s  ", units[u], m[units[u]])
+		}
+		if (k == 0) {
+			# Only the time per operation (e.g. init'"'"'s exec path alone).
+			extra = sprintf("%12s  (%s, per operation)", sprintf("%.3f ms", $3 / 1e6), pkg)
 		}
 		line[n] = sprintf("%-24s %s", name, extra)
 	}
