@@ -121,3 +121,41 @@ func Remove(path string) error {
 	}
 	return nil
 }
+
+// Do runs fn on an OS thread that has entered the network namespace at
+// path (a bind-mounted namespace, or /proc/PID/ns/net), and returns fn's
+// error. Sockets fn opens stay in that namespace whichever thread uses
+// them later. The calling goroutine's namespace is not changed; a thread
+// that cannot return to the original namespace stays locked, so the
+// runtime retires it instead of reusing it.
+func Do(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("current netns: %w", err)
+			return
+		}
+		defer unix.Close(orig)
+		target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("opening netns %s: %w", path, err)
+			return
+		}
+		defer unix.Close(target)
+		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("entering netns %s: %w", path, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- ferr
+	}()
+	return <-errc
+}

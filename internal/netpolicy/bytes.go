@@ -23,17 +23,17 @@ const bytesPoll = time.Second
 // counterPrefix names the per-jail counters of direct bytes.
 const counterPrefix = "b_"
 
-// countsBytes reports whether the kernel counts the jail's direct bytes:
-// a bridge jail with a byte budget.
-func (j jailRules) countsBytes() bool {
-	return j.mode == ModeBridge && j.policy.src.BytesPerHour > 0
+// countsBytes reports whether the kernel counts a jail's direct bytes: a
+// bridge jail with a byte budget.
+func countsBytes(mode string, cp *compiledPolicy) bool {
+	return mode == ModeBridge && cp.src.BytesPerHour > 0
 }
 
 // addByteCounters adds the counters of the jails whose direct bytes are
 // counted, and the forward rules that feed them, first in the chain.
 func (rs *ruleset) addByteCounters(c *nftables.Conn, t *nftables.Table, add func(*nftables.Chain, ...*rb), forward *nftables.Chain) {
 	for _, j := range rs.jails {
-		if !j.countsBytes() {
+		if !countsBytes(j.mode, j.policy) {
 			continue
 		}
 		name := counterPrefix + j.id
@@ -43,17 +43,20 @@ func (rs *ruleset) addByteCounters(c *nftables.Conn, t *nftables.Table, add func
 	}
 }
 
-// harvestBytesLocked reads and resets the counters of direct bytes and
-// charges them to the jails' budgets. It returns the jails whose budget
-// is now spent but whose direct connections the kernel still lets
-// through. m.mu is held.
-func (m *Manager) harvestBytesLocked() []*jailState {
+// overBudget is a jail whose budget is spent (why names the limit) while
+// the kernel still lets its direct connections through.
+type overBudget struct {
+	js  *jailState
+	why string
+}
+
+// harvestBytesLocked reads and resets the counters of direct bytes,
+// charges them to the jails' budgets, and returns the jails now over
+// budget. m.mu is held.
+func (m *Manager) harvestBytesLocked() []overBudget {
 	counting := false
 	for _, js := range m.jails {
-		if js.mode == ModeBridge && js.pol().src.BytesPerHour > 0 {
-			counting = true
-			break
-		}
+		counting = counting || countsBytes(js.mode, js.pol())
 	}
 	if !counting {
 		return nil
@@ -68,7 +71,7 @@ func (m *Manager) harvestBytesLocked() []*jailState {
 		m.log.Warn("reading the counters of direct bytes", "err", err)
 		return nil
 	}
-	var over []*jailState
+	var over []overBudget
 	for _, o := range objs {
 		co, ok := o.(*nftables.CounterObj)
 		if !ok || !strings.HasPrefix(co.Name, counterPrefix) || co.Bytes == 0 {
@@ -81,7 +84,7 @@ func (m *Manager) harvestBytesLocked() []*jailState {
 		l := js.limiter()
 		l.spend(int64(co.Bytes))
 		if why := l.exhausted(); why != "" && js.limited != why {
-			over = append(over, js)
+			over = append(over, overBudget{js, why})
 		}
 	}
 	return over
@@ -101,10 +104,8 @@ func (m *Manager) pollBytes() {
 		m.mu.Lock()
 		over := m.harvestBytesLocked()
 		m.mu.Unlock()
-		for _, js := range over {
-			if why := js.limiter().exhausted(); why != "" {
-				m.overLimit(js, why)
-			}
+		for _, o := range over {
+			m.overLimit(o.js, o.why)
 		}
 	}
 }

@@ -123,12 +123,7 @@ func (rs *ruleset) addDirectSets(c *nftables.Conn, t *nftables.Table, j jailRule
 	var rules []*rb
 	for _, s := range j.direct {
 		set := &nftables.Set{Table: t, Name: s.name, KeyType: nftables.TypeIPAddr}
-		elems := make([]nftables.SetElement, 0, len(s.addrs))
-		for _, a := range s.addrs {
-			b := a.As4()
-			elems = append(elems, nftables.SetElement{Key: b[:]})
-		}
-		if err := c.AddSet(set, elems); err != nil {
+		if err := c.AddSet(set, s.elements()); err != nil {
 			return nil, fmt.Errorf("nftables: set %s: %w", s.name, err)
 		}
 		r := rule().ip4().l4(s.proto)
@@ -142,14 +137,26 @@ func (rs *ruleset) addDirectSets(c *nftables.Conn, t *nftables.Table, j jailRule
 	return rules, nil
 }
 
+// elements are the set's addresses as nftables set elements.
+func (s directSet) elements() []nftables.SetElement {
+	elems := make([]nftables.SetElement, 0, len(s.addrs))
+	for _, a := range s.addrs {
+		b := a.As4()
+		elems = append(elems, nftables.SetElement{Key: b[:]})
+	}
+	return elems
+}
+
 // ruleDNS is the kernel's label for a direct connection to a learned
 // address; the record names the rule that allowed it instead.
 const ruleDNS = "dns"
 
 // learn records the addresses the daemon's DNS is about to give a
-// bridge-mode jail for name, and adds those the policy allows directly to
-// the kernel's sets before the answer leaves, so the jail's first
-// connection finds them.
+// bridge-mode jail for name, and adds those new to it that the policy
+// allows directly to the kernel's sets before the answer leaves, so the
+// jail's first connection finds them. An address already learned for the
+// name is in the sets since the table was last built (which used every
+// learned address): its answer only extends its lifetime.
 func (m *Manager) learn(js *jailState, name string, addrs []netip.Addr) {
 	if js.mode != ModeBridge || len(addrs) == 0 {
 		return
@@ -169,10 +176,15 @@ func (m *Manager) learn(js *jailState, name string, addrs []netip.Addr) {
 		if js.learned[a] == nil {
 			js.learned[a] = learnedNames{}
 		}
+		if until, ok := js.learned[a][name]; !ok || !now.Before(until) {
+			fresh[a] = learnedNames{name: now.Add(learnedTTL)}
+		}
 		js.learned[a][name] = now.Add(learnedTTL)
-		fresh[a] = learnedNames{name: now.Add(learnedTTL)}
 	}
 	m.schedulePrune(now.Add(learnedTTL))
+	if len(fresh) == 0 {
+		return
+	}
 	c, err := nftables.New()
 	if err != nil {
 		m.log.Warn("nftables", "err", err)
@@ -184,12 +196,7 @@ func (m *Manager) learn(js *jailState, name string, addrs []netip.Addr) {
 		if len(s.addrs) == 0 {
 			continue
 		}
-		elems := make([]nftables.SetElement, 0, len(s.addrs))
-		for _, a := range s.addrs {
-			b := a.As4()
-			elems = append(elems, nftables.SetElement{Key: b[:]})
-		}
-		if err := c.SetAddElements(&nftables.Set{Table: t, Name: s.name, KeyType: nftables.TypeIPAddr}, elems); err != nil {
+		if err := c.SetAddElements(&nftables.Set{Table: t, Name: s.name, KeyType: nftables.TypeIPAddr}, s.elements()); err != nil {
 			m.log.Warn("nftables: learned addresses", "jail", js.id, "err", err)
 			return
 		}

@@ -51,6 +51,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	jailnetns "github.com/agentjail/agentjail/internal/netns"
 )
 
 // Network modes (the jail config's network.mode).
@@ -552,7 +553,7 @@ func (m *Manager) plumb(js *jailState) (err error) {
 	if err := netlink.RouteReplace(hostRoute); err != nil {
 		return fmt.Errorf("route to %s via %s: %w", js.ip, js.veth, err)
 	}
-	if err := inNetns(js.netnsPath, func() error {
+	if err := jailnetns.Do(js.netnsPath, func() error {
 		return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1")
 	}); err != nil {
 		return err
@@ -716,11 +717,9 @@ func (m *Manager) Close() error {
 // held (or the manager is not shared yet).
 func (m *Manager) applyLocked() error {
 	// The rebuild resets the counters of direct bytes: charge them first.
-	for _, js := range m.harvestBytesLocked() {
-		if why := js.limiter().exhausted(); why != "" {
-			js.limited = why
-			m.scheduleRelief(js)
-		}
+	for _, o := range m.harvestBytesLocked() {
+		o.js.limited = o.why
+		m.scheduleRelief(o.js)
 	}
 	rs := &ruleset{table: m.table, prefix: m.o.Prefix + "v", subnet: m.subnet, daemon: m.daemon,
 		group: m.group, ports: m.ports}

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	jailnetns "github.com/agentjail/agentjail/internal/netns"
 )
 
 // The test network: a namespace "internet" reached from the host over a
@@ -190,7 +192,7 @@ func (in *internet) sawHeader(key, value string) bool {
 func listenIn(t testing.TB, path, network, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	if err := inNetns(path, func() (err error) { ln, err = net.Listen(network, addr); return err }); err != nil {
+	if err := jailnetns.Do(path, func() (err error) { ln, err = net.Listen(network, addr); return err }); err != nil {
 		t.Fatalf("listen %s in %s: %v", addr, path, err)
 	}
 	t.Cleanup(func() { ln.Close() })
@@ -200,7 +202,7 @@ func listenIn(t testing.TB, path, network, addr string) net.Listener {
 // dialIn connects from inside the namespace at path.
 func dialIn(path, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := inNetns(path, func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return err })
+	err := jailnetns.Do(path, func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return err })
 	return c, err
 }
 
@@ -276,7 +278,7 @@ func newInternet(t testing.TB, ca *testCA) *internet {
 			}
 		}()
 		var pc net.PacketConn
-		if err := inNetns(path, func() (err error) { pc, err = net.ListenPacket("udp4", net.JoinHostPort(a.String(), "7")); return err }); err != nil {
+		if err := jailnetns.Do(path, func() (err error) { pc, err = net.ListenPacket("udp4", net.JoinHostPort(a.String(), "7")); return err }); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pc.Close() })

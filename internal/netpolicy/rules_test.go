@@ -140,7 +140,7 @@ func readFrom(nsPath string, src netip.Addr, addr string) (string, error) {
 	if nsPath == "" {
 		err = dial()
 	} else {
-		err = inNetns(nsPath, dial)
+		err = jailnetns.Do(nsPath, dial)
 	}
 	if err != nil {
 		return "", err

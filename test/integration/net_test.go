@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/agentjail/agentjail/internal/netns"
 )
 
 // testInternet is a network namespace reached from the host over a veth,
@@ -121,43 +120,12 @@ func (in *testInternet) headers(host, h string) []string {
 // the socket stays there whichever thread serves it.
 func listenInNetns(t *testing.T, ns, addr string) net.Listener {
 	t.Helper()
-	type result struct {
-		ln  net.Listener
-		err error
+	var ln net.Listener
+	if err := netns.Do(filepath.Join("/run/netns", ns), func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+		t.Fatalf("listening on %s in %s: %v", addr, ns, err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			done <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromName(ns)
-		if err != nil {
-			done <- result{err: err}
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			done <- result{err: err}
-			return
-		}
-		ln, err := net.Listen("tcp4", addr)
-		// A thread that cannot go back stays locked and ends with the
-		// goroutine.
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		done <- result{ln, err}
-	}()
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("listening on %s in %s: %v", addr, ns, r.err)
-	}
-	t.Cleanup(func() { r.ln.Close() })
-	return r.ln
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
 
 // selfSigned makes a certificate for names that no trust store holds.

@@ -561,9 +561,9 @@ func (b *Backend) writeNetFiles(ctx context.Context, inst backend.Instance, p pa
 	}
 	if err == nil && len(att.CAPEM) > 0 {
 		err = writeInRoot(p.merged, att.CAPath, att.CAPEM, 0o644)
-	}
-	if err == nil && len(att.CAPEM) > 0 {
-		err = trustCA(p.merged, att.CAPEM)
+		if err == nil {
+			err = trustCA(p.merged, att.CAPEM)
+		}
 	}
 	if err != nil {
 		b.detach(context.WithoutCancel(ctx), inst)
