@@ -712,7 +712,7 @@ func (m *Manager) FsDiff(ctx context.Context, ref string) (*model.FsDiff, error)
 	if err := os.MkdirAll(empty, 0o755); err != nil {
 		return nil, err
 	}
-	return snapshot.Diff(snapshot.Tree{Lower: lower, Upper: empty}, snapshot.Tree{Lower: lower, Upper: upper}, snapshot.SkipInternal, false)
+	return snapshot.Diff(ctx, snapshot.Tree{Lower: lower, Upper: empty}, snapshot.Tree{Lower: lower, Upper: upper}, snapshot.SkipInternal, false)
 }
 
 // validateTracing checks the syscall names of a tracing config.

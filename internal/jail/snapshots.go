@@ -464,7 +464,7 @@ func (m *Manager) Diff(ctx context.Context, from, to string, text bool) (*model.
 		return nil, fmt.Errorf("to: %w", err)
 	}
 	defer m.release(b)
-	return snapshot.Diff(a.tree, b.tree, snapshot.SkipInternal, text)
+	return snapshot.Diff(ctx, a.tree, b.tree, snapshot.SkipInternal, text)
 }
 
 func (m *Manager) release(s *side) {

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -25,9 +26,6 @@ const (
 	Modified = "modified"
 	Deleted  = "deleted"
 )
-
-// maxTextDiff is the largest file (either side) that gets a text diff.
-const maxTextDiff = 1 << 20
 
 // Tree is an overlay root seen from the host: a read-only lower tree and
 // the upper layer holding the changes (with overlayfs's whiteouts and
@@ -151,8 +149,10 @@ func candidates(trees []Tree, skip func(string) bool, into map[string]bool) erro
 // content, mode or link target) and deleted (the topmost deleted entry
 // only). Both trees must share their lower tree's content; paths skip
 // prunes (with what is below them). With text, modified, added and
-// deleted text files up to 1 MiB carry a unified diff.
-func Diff(a, b Tree, skip func(string) bool, text bool) (*model.FsDiff, error) {
+// deleted text files up to 1 MiB carry a unified diff, other regular files
+// a line saying they are binary or too large (see textDiff for the bounds).
+func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*model.FsDiff, error) {
+	budget := &textBudget{left: maxTextOutput}
 	set := map[string]bool{}
 	if err := candidates([]Tree{a, b}, skip, set); err != nil {
 		return nil, err
@@ -175,7 +175,7 @@ func Diff(a, b Tree, skip func(string) bool, text bool) (*model.FsDiff, error) {
 			c.Kind = Added
 			d.Added++
 			if text {
-				c.Diff = textDiff(p, nil, eb)
+				c.Diff = textDiff(ctx, p, nil, eb, budget)
 			}
 		case !inB:
 			if _, parentInB := b.resolve(path.Dir(p)); path.Dir(p) != "/" && !parentInB {
@@ -185,7 +185,7 @@ func Diff(a, b Tree, skip func(string) bool, text bool) (*model.FsDiff, error) {
 			c.Kind = Deleted
 			d.Deleted++
 			if text {
-				c.Diff = textDiff(p, ea, nil)
+				c.Diff = textDiff(ctx, p, ea, nil, budget)
 			}
 		default:
 			if ea.host == eb.host {
@@ -201,7 +201,7 @@ func Diff(a, b Tree, skip func(string) bool, text bool) (*model.FsDiff, error) {
 			c.OldSize, c.OldMode, c.OldSHA256 = oldC.Size, oldC.Mode, oldC.SHA256
 			d.Changed++
 			if text {
-				c.Diff = textDiff(p, ea, eb)
+				c.Diff = textDiff(ctx, p, ea, eb, budget)
 			}
 		}
 		d.Changes = append(d.Changes, c)
@@ -257,12 +257,13 @@ func hashFile(p string) (string, error) {
 }
 
 // readText returns the content of a regular text file of at most
-// maxTextDiff bytes (nil entry: empty), and false when it is not one.
+// maxTextDiff bytes (nil entry: empty), and false when it is binary or
+// larger.
 func readText(e *entry) ([]byte, bool) {
 	if e == nil {
 		return nil, true
 	}
-	if e.st.Mode&unix.S_IFMT != unix.S_IFREG || e.st.Size > maxTextDiff {
+	if e.st.Size > maxTextDiff {
 		return nil, false
 	}
 	f, err := os.OpenFile(e.host, os.O_RDONLY|unix.O_NOFOLLOW, 0)
@@ -275,24 +276,6 @@ func readText(e *entry) ([]byte, bool) {
 		return nil, false
 	}
 	return data, true
-}
-
-// textDiff is the unified diff of a text file between two entries (nil:
-// absent), or "" when either side is not text.
-func textDiff(p string, a, b *entry) string {
-	old, ok1 := readText(a)
-	cur, ok2 := readText(b)
-	if !ok1 || !ok2 {
-		return ""
-	}
-	from, to := "a"+p, "b"+p
-	if a == nil {
-		from = "/dev/null"
-	}
-	if b == nil {
-		to = "/dev/null"
-	}
-	return Unified(from, to, string(old), string(cur), 3)
 }
 
 // SkipInternal prunes the paths agentjail itself mounts into every jail.

@@ -55,7 +55,7 @@ func TestDiffOverlayRules(t *testing.T) {
 	if err := unix.Setxattr(filepath.Join(ub, "opt/x"), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
 		t.Fatal(err)
 	}
-	d, err := Diff(Tree{Lower: lower, Upper: ua}, Tree{Lower: lower, Upper: ub}, nil, true)
+	d, err := Diff(t.Context(), Tree{Lower: lower, Upper: ua}, Tree{Lower: lower, Upper: ub}, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
