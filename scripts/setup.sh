@@ -11,7 +11,7 @@ set -euo pipefail
 GO_MIN_MAJOR=1
 GO_MIN_MINOR=26
 PACKAGES=(runc iptables nftables iproute2 xfsprogs btrfs-progs util-linux strace python3
-	git curl ca-certificates tshark procps psmisc tmux asciinema)
+	git curl ca-certificates tshark procps psmisc tmux asciinema protobuf-compiler)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export DEBIAN_FRONTEND=noninteractive
@@ -49,5 +49,24 @@ minor=${v#*.}
 minor=${minor%%[!0-9]*}
 if ((major < GO_MIN_MAJOR || (major == GO_MIN_MAJOR && minor < GO_MIN_MINOR))); then
 	die "$gover at $(command -v go) is older than go$GO_MIN_MAJOR.$GO_MIN_MINOR"
+fi
+# The E2B SDK acceptance tests (test/e2b) run the official e2b SDK on Node.js
+# >= 20.18.1, installed from the npm registry as pinned in the lockfile.
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+	nodever=$(node -p 'process.versions.node')
+	if node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=18)?0:1)'; then
+		lock="$here/../test/e2b/package-lock.json"
+		stamp="$here/../test/e2b/node_modules/.agentjail-lock"
+		sum=$(sha256sum "$lock" | cut -d' ' -f1)
+		if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+			log "installing the e2b SDK for test/e2b (npm ci)"
+			(cd "$here/../test/e2b" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+			echo "$sum" >"$stamp"
+		fi
+	else
+		log "warning: node $nodever is older than 20.18.1: the E2B SDK tests will fail"
+	fi
+else
+	log "warning: node and npm are not installed: the E2B SDK tests will fail"
 fi
 log "ok: packages present, criu $(criu --version | sed -n 's/^Version: *//p'), $gover"
