@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentjail/agentjail/client"
 	"github.com/agentjail/agentjail/internal/api"
+	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/api/apitest"
 	"github.com/agentjail/agentjail/internal/model"
 )
@@ -27,7 +28,11 @@ type cli struct {
 
 func newCLI(t *testing.T) *cli {
 	svc := apitest.New()
-	srv := httptest.NewServer(api.NewServer(svc, "tok", nil))
+	keys, err := apikey.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.NewServer(svc, "tok", nil, api.WithKeys(keys)))
 	t.Cleanup(srv.Close)
 	t.Setenv("AGENTJAIL_TOKEN", "tok")
 	t.Setenv("AGENTJAIL_ADDR", "")
@@ -357,5 +362,38 @@ func TestListenAndServe(t *testing.T) {
 	}
 	if len(lines.lines) != 0 {
 		t.Fatalf("more than one line on stderr: %q", <-lines.lines)
+	}
+}
+
+// TestKeys: keys create prints a key once, ls shows it without the
+// secret, rm removes it; unknown ids and roles are clear errors.
+func TestKeys(t *testing.T) {
+	c := newCLI(t)
+	secret := strings.TrimSpace(c.ok("keys", "create", "--tenant", "team-a", "--role", "viewer", "--name", "ci"))
+	if !strings.HasPrefix(secret, apikey.Prefix) {
+		t.Fatalf("keys create printed %q", secret)
+	}
+	var list []client.APIKey
+	if err := json.Unmarshal([]byte(c.ok("--json", "keys", "ls")), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Tenant != "team-a" || list[0].Role != "viewer" || list[0].Name != "ci" || list[0].Secret != "" {
+		t.Fatalf("keys ls: %+v", list)
+	}
+	if !strings.HasPrefix(secret, apikey.Prefix+list[0].ID+"_") {
+		t.Fatalf("key %q does not carry its id %s", secret, list[0].ID)
+	}
+	if out := c.ok("keys", "ls"); !strings.Contains(out, list[0].ID) || strings.Contains(out, secret) {
+		t.Fatalf("keys ls table:\n%s", out)
+	}
+	if code, _, errs := c.run("", "keys", "create", "--role", "root"); code == 0 || !strings.Contains(errs, "role") {
+		t.Fatalf("a bad role: exit %d, %s", code, errs)
+	}
+	c.ok("keys", "rm", list[0].ID)
+	if code, _, errs := c.run("", "keys", "rm", list[0].ID); code == 0 || !strings.Contains(errs, "no API key") {
+		t.Fatalf("removing it again: exit %d, %s", code, errs)
+	}
+	if out := c.ok("--json", "keys", "ls"); strings.TrimSpace(out) != "[]" {
+		t.Fatalf("keys ls after rm: %s", out)
 	}
 }

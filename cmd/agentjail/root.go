@@ -64,7 +64,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 		newEventsCmd(g), newReportCmd(g), newPsCmd(g), newChangesCmd(g), newNetworkCmd(g),
 		newAttachCmd(g), newTerminalsCmd(g), newRecordingsCmd(g), newReplayCmd(g),
 		newSnapshotCmd(g), newSnapshotsCmd(g), newRestoreCmd(g), newBranchCmd(g),
-		newDiffCmd(g), newTreeCmd(g), newRmsnapCmd(g),
+		newDiffCmd(g), newTreeCmd(g), newRmsnapCmd(g), newKeysCmd(g),
 	)
 	return root
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentjail/agentjail/internal/api"
+	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/jail"
 )
 
@@ -124,6 +125,10 @@ func serve(ctx context.Context, opts jail.Options, addr string) error {
 	if err != nil {
 		return err
 	}
+	keys, err := apikey.Open(dataDir)
+	if err != nil {
+		return err
+	}
 	opts.Logger = log
 	mgr, err := jail.NewManager(ctx, opts)
 	if err != nil {
@@ -134,7 +139,7 @@ func serve(ctx context.Context, opts jail.Options, addr string) error {
 			log.Error("closing the jail manager", "err", err)
 		}
 	}()
-	return listenAndServe(ctx, api.NewServer(mgr, token, log), addr, dataDir, log, os.Stderr)
+	return listenAndServe(ctx, api.NewServer(mgr, token, log, api.WithKeys(keys)), addr, dataDir, log, os.Stderr)
 }
 
 // listenAndServe serves h on addr until ctx is cancelled. Once listening

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/observe"
@@ -151,6 +152,9 @@ var routes = []route{
 	{http.MethodPost, "/snapshots/{sid}/branch", (*server).branchSnapshot, true},
 	{http.MethodGet, "/snapshots/{sid}/diff", (*server).snapshotDiff, true},
 	{http.MethodGet, "/diff", (*server).diff, true},
+	{http.MethodPost, "/keys", (*server).createKey, true},
+	{http.MethodGet, "/keys", (*server).listKeys, true},
+	{http.MethodDelete, "/keys/{kid}", (*server).deleteKey, true},
 }
 
 type server struct {
@@ -160,19 +164,29 @@ type server struct {
 	mux   *http.ServeMux
 	// tickets are the unused terminal tickets.
 	tickets ticketStore
+	// keys is the API key store (nil: the /keys routes answer 501).
+	keys *apikey.Store
+	// mounts are handlers served below a path prefix (WithMount).
+	mounts []mount
 }
 
 // NewServer returns the API's handler: the routes of the route table over
 // svc, every route but GET /health guarded by the bearer token, with
 // request logging and panic recovery. token must not be empty. A nil log
 // discards logs.
-func NewServer(svc Service, token string, log *slog.Logger) http.Handler {
+func NewServer(svc Service, token string, log *slog.Logger, opts ...Option) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &server{svc: svc, token: token, log: log, mux: http.NewServeMux()}
+	for _, o := range opts {
+		o(s)
+	}
 	for _, rt := range routes {
 		s.mux.Handle(rt.method+" "+rt.pattern, s.wrap(rt))
+	}
+	for _, m := range s.mounts {
+		s.mux.Handle(m.prefix, m.h)
 	}
 	return http.HandlerFunc(s.serveHTTP)
 }

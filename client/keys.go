@@ -1,0 +1,46 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// APIKey is an API key's record (GET /keys), without its secret.
+type APIKey struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name,omitempty"`
+	Tenant    string    `json:"tenant"`
+	Role      string    `json:"role"`
+	CreatedAt time.Time `json:"created_at"`
+	// Secret is the key itself; set only in the answer to CreateKey.
+	Secret string `json:"secret,omitempty"`
+}
+
+// CreateKey issues an API key for tenant ("": default) with role (admin,
+// user or viewer; "": user). The answer's Secret is shown this once.
+func (c *Client) CreateKey(ctx context.Context, name, tenant, role string) (*APIKey, error) {
+	var k APIKey
+	in := map[string]string{"name": name, "tenant": tenant, "role": role}
+	if err := c.call(ctx, http.MethodPost, "/keys", in, &k); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// Keys lists the API keys, oldest first.
+func (c *Client) Keys(ctx context.Context) ([]APIKey, error) {
+	var out struct {
+		Keys []APIKey `json:"keys"`
+	}
+	if err := c.call(ctx, http.MethodGet, "/keys", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Keys, nil
+}
+
+// DeleteKey removes an API key; it stops working at once.
+func (c *Client) DeleteKey(ctx context.Context, id string) error {
+	return c.call(ctx, http.MethodDelete, "/keys/"+url.PathEscape(id), nil, nil)
+}
