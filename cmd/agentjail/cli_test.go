@@ -14,8 +14,8 @@ import (
 
 	"github.com/agentjail/agentjail/client"
 	"github.com/agentjail/agentjail/internal/api"
-	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/api/apitest"
+	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
