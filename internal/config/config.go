@@ -129,6 +129,17 @@ type Network struct {
 	// Credentials are headers the proxy adds to requests to one host; the
 	// values never enter the jail and are redacted in API answers.
 	Credentials []Credential `json:"credentials,omitempty"`
+	// Routes send the jail's HTTP requests for a host to another origin
+	// through the daemon's proxy (an agent's model endpoint).
+	Routes []Route `json:"routes,omitempty"`
+}
+
+// Route sends a jail's plain-HTTP requests for Host to the origin of URL
+// (http or https, with an optional path prefix); the proxy re-originates
+// them and adds Host's credentials.
+type Route struct {
+	Host string `json:"host"`
+	URL  string `json:"url"`
 }
 
 // NetworkLimits caps a jail's traffic through the daemon.
@@ -137,11 +148,15 @@ type NetworkLimits struct {
 	BytesPerHour      int64 `json:"bytes_per_hour,omitempty"`
 }
 
-// Credential is a header added by the proxy to requests to Host.
+// Credential is a header added by the proxy to requests to Host. Its
+// value is Value or, with Secret, Value followed by the daemon's secret of
+// that name (from the daemon's environment or secrets file), which no
+// config, record or answer ever holds.
 type Credential struct {
 	Host   string `json:"host"`
 	Header string `json:"header"`
-	Value  string `json:"value"`
+	Value  string `json:"value,omitempty"`
+	Secret string `json:"secret,omitempty"`
 }
 
 // Redacted is what API answers show in place of a credential's value.
@@ -154,7 +169,9 @@ func (c Config) Redact() Config {
 	}
 	creds := make([]Credential, len(c.Isolation.Network.Credentials))
 	for i, cr := range c.Isolation.Network.Credentials {
-		cr.Value = Redacted
+		if cr.Secret == "" {
+			cr.Value = Redacted
+		}
 		creds[i] = cr
 	}
 	c.Isolation.Network.Credentials = creds

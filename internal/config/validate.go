@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"path"
 	"regexp"
 	"strings"
@@ -181,14 +182,44 @@ func (n *Network) validate(h Host) error {
 		if c.Header == "" || strings.ContainsAny(c.Header, ": \r\n") {
 			return errdefs.Unprocessablef("%s.header: %q is not a header name", field, c.Header)
 		}
-		if c.Value == "" || c.Value == Redacted || strings.ContainsAny(c.Value, "\r\n") {
-			return errdefs.Unprocessablef("%s.value: a header value is required (not the redaction marker)", field)
+		if c.Secret != "" {
+			if !validSecretName(c.Secret) {
+				return errdefs.Unprocessablef("%s.secret: %q is not a secret name (letters, digits and _)", field, c.Secret)
+			}
+			if strings.ContainsAny(c.Value, "\r\n") {
+				return errdefs.Unprocessablef("%s.value: must not contain line breaks", field)
+			}
+		} else if c.Value == "" || c.Value == Redacted || strings.ContainsAny(c.Value, "\r\n") {
+			return errdefs.Unprocessablef("%s.value: a header value is required (not the redaction marker), or a secret", field)
+		}
+	}
+	for i, r := range n.Routes {
+		field := fmt.Sprintf(p+"routes[%d]", i)
+		if r.Host == "" || strings.ContainsAny(r.Host, "/:* ") {
+			return errdefs.Unprocessablef("%s.host: %q must be a host name", field, r.Host)
+		}
+		u, err := url.Parse(r.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return errdefs.Unprocessablef("%s.url: %q must be an http:// or https:// URL without credentials, query or fragment", field, r.URL)
 		}
 	}
 	if n.Mode == NetNone && (len(n.AllowedEgress)+len(n.AlwaysAllow)+len(n.InterAgentRules)+len(n.AllowedIngress) > 0 || n.AllowInterAgent) {
 		return errdefs.Unprocessablef(p + "mode: \"none\" has no network beyond loopback; its rules would never apply")
 	}
 	return nil
+}
+
+// validSecretName accepts names like ANTHROPIC_API_KEY.
+func validSecretName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '_' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 func checkRule(field, target string, ports []int, proto string) error {

@@ -69,6 +69,9 @@ type Options struct {
 	// owns (default "aj"); two daemons on one host need distinct prefixes
 	// and subnets. Both are remembered in DATA_DIR/network.json.
 	NetPrefix string
+	// Secrets resolves the secrets that credentials name (model API keys):
+	// the values stay in the daemon (nil: none).
+	Secrets func(name string) (string, bool)
 }
 
 // Manager owns every jail of one data dir.
@@ -180,6 +183,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		Record:        m.recordNet,
 		Owner:         m.socketOwner,
 		Log:           m.log,
+		Secrets:       opts.Secrets,
 	})
 	if err != nil {
 		m.pool.Close()

@@ -41,7 +41,10 @@ func FromConfig(name string, n config.Network) Policy {
 		p.RequestsPerMinute, p.BytesPerHour = l.RequestsPerMinute, l.BytesPerHour
 	}
 	for _, c := range n.Credentials {
-		p.Credentials = append(p.Credentials, Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+		p.Credentials = append(p.Credentials, Credential{Host: c.Host, Header: c.Header, Value: c.Value, Secret: c.Secret})
+	}
+	for _, r := range n.Routes {
+		p.Routes = append(p.Routes, Route{Host: r.Host, URL: r.URL})
 	}
 	return p
 }

@@ -108,6 +108,10 @@ type Options struct {
 	Record func(jailID string, ev ConnEvent)
 	// Log receives operational messages (default slog.Default()).
 	Log *slog.Logger
+	// Secrets returns the daemon's secret called name, for credentials
+	// that name one (false when the daemon has none of that name). Nil:
+	// no secrets.
+	Secrets func(name string) (string, bool)
 }
 
 // Jail is what Attach needs to know about a jail.

@@ -3,8 +3,10 @@ package netpolicy
 import (
 	"fmt"
 	"net/netip"
+	"net/url"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -55,6 +57,19 @@ type Policy struct {
 	// Credentials are headers the proxy adds to requests to one host. Their
 	// values never enter the jail and are never recorded or logged.
 	Credentials []Credential `json:"credentials,omitempty"`
+	// Routes send the jail's HTTP requests for a host to another origin
+	// (a model API's real https endpoint, a local model server, a company
+	// gateway): the jail speaks plain HTTP to the proxy, which re-originates
+	// the request, adding the host's credentials on the way.
+	Routes []Route `json:"routes,omitempty"`
+}
+
+// Route sends the requests a jail makes to Host (plain HTTP, or inspected
+// HTTPS) to the origin of URL instead, URL's path prefixed to theirs. The
+// upstream's address obeys the policy like any other destination.
+type Route struct {
+	Host string `json:"host"`
+	URL  string `json:"url"`
 }
 
 // Rule names destinations (or, in Policy.Ingress, sources).
@@ -85,10 +100,15 @@ type InterJailRule struct {
 // Credential is a header added by the proxy to every request to Host
 // (exact name, or a "*." wildcard). With HTTPS it needs the connection to
 // be inspected, so a credential turns inspection on for its host.
+//
+// The header's value is Value, or, when Secret is set, Value followed by
+// the daemon's secret of that name (Options.Secrets), looked up at each
+// request: the secret itself is never part of the policy.
 type Credential struct {
 	Host   string `json:"host"`
 	Header string `json:"header"`
 	Value  string `json:"value"`
+	Secret string `json:"secret,omitempty"`
 }
 
 // Target is one destination a decision is asked about.
@@ -224,6 +244,14 @@ func compile(p Policy) (*compiledPolicy, error) {
 		}
 		if strings.ContainsAny(c.Value, "\r\n") {
 			return nil, errdefs.Invalidf("credentials[%d].value: must not contain line breaks", i)
+		}
+	}
+	for i, r := range p.Routes {
+		if _, err := normalizeDomain(r.Host); err != nil {
+			return nil, fmt.Errorf("routes[%d].host: %w", i, err)
+		}
+		if _, err := parseRouteURL(r.URL); err != nil {
+			return nil, fmt.Errorf("routes[%d].url: %w", i, err)
 		}
 	}
 	return cp, nil
@@ -374,6 +402,41 @@ func (cp *compiledPolicy) credentialsFor(host string) []Credential {
 		}
 	}
 	return out
+}
+
+// routeFor returns the route of host, if any.
+func (cp *compiledPolicy) routeFor(host string) (Route, bool) {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	for _, r := range cp.src.Routes {
+		if strings.ToLower(r.Host) == host {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
+// parseRouteURL checks a route's upstream: an absolute http or https URL
+// without credentials, query or fragment.
+func parseRouteURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return nil, errdefs.Invalidf("%q is not a URL: %v", s, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, errdefs.Invalidf("%q: the scheme must be http or https", s)
+	case u.Hostname() == "":
+		return nil, errdefs.Invalidf("%q: a host is required", s)
+	case u.User != nil:
+		return nil, errdefs.Invalidf("%q: credentials belong in a credentials entry, not the URL", s)
+	case u.RawQuery != "" || u.Fragment != "":
+		return nil, errdefs.Invalidf("%q: no query or fragment", s)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, errdefs.Invalidf("%q: bad port", s)
+		}
+	}
+	return u, nil
 }
 
 // inspect reports whether TLS to host is terminated by the proxy.

@@ -565,6 +565,17 @@ func (js *jailState) limiter() *limiter {
 	return js.limits
 }
 
+// flushWriter flushes every write to the client.
+type flushWriter struct{ http.ResponseWriter }
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.ResponseWriter.Write(p)
+	if err == nil {
+		err = http.NewResponseController(f.ResponseWriter).Flush()
+	}
+	return n, err
+}
+
 // copyBufs are the buffers response bodies are copied through.
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
@@ -672,10 +683,26 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
-	out.URL.Scheme = scheme
-	out.URL.Host = net.JoinHostPort(host, strconv.Itoa(port))
-	if (scheme == "http" && port == 80) || (scheme == "https" && port == 443) {
-		out.URL.Host = host
+	upScheme, upHost, upPort := scheme, host, port
+	if rt, ok := js.pol().routeFor(host); ok {
+		u, _ := parseRouteURL(rt.URL) // checked when the policy was compiled
+		upScheme, upHost = u.Scheme, strings.ToLower(u.Hostname())
+		upPort = 80
+		if upScheme == "https" {
+			upPort = 443
+		}
+		if p := u.Port(); p != "" {
+			upPort, _ = strconv.Atoi(p)
+		}
+		out.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
+		out.URL.RawPath = ""
+		out.Host = ""
+		ev.Upstream = u.Scheme + "://" + u.Host + strings.TrimSuffix(u.Path, "/")
+	}
+	out.URL.Scheme = upScheme
+	out.URL.Host = net.JoinHostPort(upHost, strconv.Itoa(upPort))
+	if (upScheme == "http" && upPort == 80) || (upScheme == "https" && upPort == 443) {
+		out.URL.Host = upHost
 	}
 	if out.Host == "" {
 		out.Host = out.URL.Host
@@ -683,7 +710,23 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	out.Header = r.Header.Clone()
 	stripHop(out.Header)
 	for _, c := range js.pol().credentialsFor(host) {
-		out.Header.Set(c.Header, c.Value)
+		v := c.Value
+		if c.Secret != "" {
+			sec, ok := "", false
+			if m.o.Secrets != nil {
+				sec, ok = m.o.Secrets(c.Secret)
+			}
+			if !ok {
+				err := fmt.Errorf("the daemon holds no secret %q for the %s header of %s (set it in the daemon's environment or secrets file)", c.Secret, c.Header, host)
+				ev.Status = http.StatusBadGateway
+				http.Error(w, "agentjail: "+err.Error(), http.StatusBadGateway)
+				finish(VerdictError, d.Rule, err)
+				return
+			}
+			v += sec
+		}
+		out.Header.Set(c.Header, v)
+		ev.Credentials = append(ev.Credentials, c.Header)
 	}
 	var body *countingReader
 	if r.Body != nil && r.Body != http.NoBody {
@@ -693,8 +736,8 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	var resp *http.Response
 	var pc *plainConn
 	var err error
-	if scheme == "http" {
-		resp, pc, err = m.plainRoundTrip(r.Context(), js, out, host, port)
+	if upScheme == "http" {
+		resp, pc, err = m.plainRoundTrip(r.Context(), js, out, upHost, upPort)
 	} else {
 		resp, err = js.up.transport.RoundTrip(out)
 	}
@@ -719,6 +762,11 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	ev.Status = resp.StatusCode
 	var n int64
 	var cerr error
+	if resp.ContentLength < 0 || len(resp.TransferEncoding) > 0 {
+		// A body of unknown length may be a stream (server-sent events, a
+		// model's answer): each chunk reaches the jail as it comes.
+		w = flushWriter{w}
+	}
 	if pc != nil {
 		var complete bool
 		n, complete, cerr = copyPlainBody(w, resp, pc)

@@ -49,6 +49,10 @@ type ConnEvent struct {
 	Path      string `json:"path,omitempty"`
 	Status    int    `json:"status,omitempty"`
 	Inspected bool   `json:"inspected,omitempty"`
+	// Upstream is the origin a route sent the request to.
+	Upstream string `json:"upstream,omitempty"`
+	// Credentials names the headers the proxy added (never their values).
+	Credentials []string `json:"credentials,omitempty"`
 	// DNS.
 	QType   string   `json:"qtype,omitempty"`
 	Answers []string `json:"answers,omitempty"`
