@@ -54,43 +54,9 @@ func (c *Client) AttachTerminal(ctx context.Context, req initproto.AttachRequest
 }
 
 func (c *Client) openTerminal(ctx context.Context, op string, t initproto.MsgType, req any) (*Terminal, error) {
-	cn, err := c.dial(ctx)
+	cn, st, err := c.open(ctx, op, t, req)
 	if err != nil {
 		return nil, err
-	}
-	early := context.AfterFunc(ctx, func() { cn.Close() })
-	fail := func(err error) (*Terminal, error) {
-		early()
-		cn.Close()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, err
-	}
-	if err := initproto.WriteJSON(cn, t, req); err != nil {
-		return fail(ioError(ctx, op, err))
-	}
-	rt, payload, err := cn.read()
-	if err != nil {
-		return fail(ioError(ctx, op, err))
-	}
-	if !early() {
-		cn.Close()
-		return nil, ctx.Err()
-	}
-	var st initproto.Started
-	switch rt {
-	case initproto.MsgStarted:
-		if err := initproto.Decode(rt, payload, &st); err != nil {
-			cn.Close()
-			return nil, err
-		}
-	case initproto.MsgError:
-		cn.Close()
-		return nil, decodeError(payload)
-	default:
-		cn.Close()
-		return nil, unexpected(op, rt)
 	}
 	term := &Terminal{cn: cn}
 	if st.Session != nil {

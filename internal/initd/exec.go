@@ -250,6 +250,9 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	s.mu.Lock()
 	s.procs[ex.pid] = ex.proc
 	s.mu.Unlock()
+	if req.Detach {
+		return s.runDetached(c, ex)
+	}
 	ex.run()
 	return nil
 }

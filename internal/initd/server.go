@@ -66,6 +66,8 @@ type Server struct {
 	mu           sync.Mutex
 	procs        map[int]*process
 	sessions     map[string]*ptySession
+	bg           map[int]*bgProc   // detached commands by pid
+	ended        map[int]endedProc // how recent detached commands and sessions ended
 	listeners    map[net.Listener]struct{}
 	conns        map[net.Conn]struct{}
 	closing      bool
@@ -127,6 +129,8 @@ func NewServer(opts Options) (*Server, error) {
 		recordDir:    opts.RecordDir,
 		procs:        make(map[int]*process),
 		sessions:     make(map[string]*ptySession),
+		bg:           make(map[int]*bgProc),
+		ended:        make(map[int]endedProc),
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[net.Conn]struct{}),
 		shutdownDone: make(chan struct{}),
@@ -427,6 +431,30 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 			return newError(initproto.KindInvalid, "", "%v", err)
 		}
 		return s.attach(c, req)
+	case initproto.MsgInput:
+		var req initproto.InputRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		if err := s.input(req); err != nil {
+			return err
+		}
+		return c.sendJSON(initproto.MsgOK, nil)
+	case initproto.MsgSetSize:
+		var req initproto.SizeRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		if err := s.setSize(req); err != nil {
+			return err
+		}
+		return c.sendJSON(initproto.MsgOK, nil)
+	case initproto.MsgWatch:
+		var req initproto.WatchRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		return s.watch(c, req)
 	case initproto.MsgSessions:
 		return c.sendJSON(initproto.MsgOK, s.listSessions())
 	case initproto.MsgShims:

@@ -145,7 +145,7 @@ func (s *Server) startSession(c *conn, req *initproto.ExecRequest) error {
 		fail.Message = strings.ReplaceAll(fail.Message, "\n", "\r\n")
 		return sendStartFailure(c, fail, initproto.MsgStdout)
 	}
-	return ss.serve(c, false)
+	return ss.serve(c, false, true)
 }
 
 // newSession allocates the terminal, opens the recording and starts the
@@ -442,6 +442,7 @@ func (ss *ptySession) run(pumpDone <-chan struct{}, timeoutMs int64) {
 		timer.Stop()
 	}
 	status := exitStatus(res, ss.pid, ss.start, timedOut)
+	s.rememberEnded(ss.pid, status)
 	// What the command wrote is in the terminal now; background processes
 	// that still hold it lose it (hang-up) when the master closes.
 	ss.master.SetReadDeadline(time.Now())
@@ -466,19 +467,22 @@ func (ss *ptySession) run(pumpDone <-chan struct{}, timeoutMs int64) {
 
 // attach serves a MsgAttach request.
 func (s *Server) attach(c *conn, req initproto.AttachRequest) error {
+	if req.Pid != 0 {
+		return s.attachPid(c, req)
+	}
 	s.mu.Lock()
 	ss := s.sessions[req.Session]
 	s.mu.Unlock()
 	if ss == nil {
 		return newError(initproto.KindNotFound, "", "no running terminal session has id %q", req.Session)
 	}
-	return ss.serve(c, req.ReadOnly)
+	return ss.serve(c, req.ReadOnly, !req.NoScrollback)
 }
 
 // serve attaches c to the session: it answers Started, replays the
-// scrollback, streams the output and applies the client's input until the
-// client detaches or the session ends.
-func (ss *ptySession) serve(c *conn, readOnly bool) error {
+// scrollback (when asked), streams the output and applies the client's
+// input until the client detaches or the session ends.
+func (ss *ptySession) serve(c *conn, readOnly, scrollback bool) error {
 	a := &attacher{c: c, readOnly: readOnly, q: make(chan []byte, attachQueue), gone: make(chan struct{})}
 	ss.mu.Lock()
 	if ss.ended {
@@ -487,7 +491,10 @@ func (ss *ptySession) serve(c *conn, readOnly bool) error {
 	}
 	// The scrollback and the registration are taken together, so every
 	// chunk of output reaches the attachment exactly once.
-	backlog := ss.scroll.bytes()
+	var backlog []byte
+	if scrollback {
+		backlog = ss.scroll.bytes()
+	}
 	for len(backlog) > 0 {
 		n := min(len(backlog), ptyChunk)
 		a.q <- backlog[:n]

@@ -53,6 +53,33 @@
 // catches up); it never slows the session or the other attachments down.
 //
 // Signal and Kill with a session's pid act on its command as on any other.
+//
+// # Detached commands
+//
+// An Exec whose request sets Detach (and carries no PTY options) starts a
+// command that outlives its connection: the connection is its first
+// attachment, and closing it only detaches. MsgAttach with the command's
+// Pid attaches another connection: init answers MsgStarted, then sends the
+// MsgStdout and MsgStderr chunks the command writes from then on (there is
+// no replay), and MsgExit when it exits. On an attachment the client may
+// send MsgStdin and MsgStdinClose (when the command was started with
+// Stdin). Output written while nobody is attached is dropped; it never
+// blocks the command. After a detached command or a terminal session
+// ended, an attach by its Pid still gets MsgStarted and MsgExit for
+// EndedRetention.
+//
+// MsgInput (JSON InputRequest, answered MsgOK or MsgError) writes to the
+// stdin of a detached command, or types into a terminal session, by pid,
+// without attaching; MsgSetSize (JSON SizeRequest) resizes a terminal
+// session by pid.
+//
+// # Watches
+//
+// MsgWatch (JSON WatchRequest) watches a directory with inotify: init
+// answers MsgOK (empty) or MsgError, then sends one MsgOK frame (JSON
+// WatchEvent) per change until the client closes the connection, or one
+// MsgError when the watch fails (the directory was removed, the event
+// queue overflowed).
 package initproto
 
 import (
@@ -101,6 +128,9 @@ const (
 	MsgList      MsgType = 0x06 // empty payload; OK carries []ProcessInfo
 	MsgSessions  MsgType = 0x07 // empty payload; OK carries []SessionInfo
 	MsgShims     MsgType = 0x08 // ShimsRequest
+	MsgInput     MsgType = 0x09 // InputRequest
+	MsgSetSize   MsgType = 0x0a // SizeRequest
+	MsgWatch     MsgType = 0x0b // WatchRequest
 	MsgStat      MsgType = 0x10 // PathRequest; OK carries FileInfo
 	MsgReadDir   MsgType = 0x11 // PathRequest; OK carries []FileInfo
 	MsgReadFile  MsgType = 0x12 // PathRequest
@@ -154,7 +184,7 @@ func (t MsgType) String() string {
 
 var msgNames = map[MsgType]string{
 	MsgPing: "ping", MsgExec: "exec", MsgAttach: "attach", MsgSignal: "signal", MsgKill: "kill",
-	MsgList: "list", MsgSessions: "sessions", MsgShims: "shims", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
+	MsgList: "list", MsgSessions: "sessions", MsgShims: "shims", MsgInput: "input", MsgSetSize: "set-size", MsgWatch: "watch", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
 	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgRemove: "remove", MsgRename: "rename",
 	MsgAccess: "access", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
 	MsgPTYSignal: "pty-signal",

@@ -47,6 +47,9 @@ type ExecRequest struct {
 	// Stdin is true when the client streams stdin with MsgStdin frames
 	// (ended by MsgStdinClose); false gives the command an empty stdin.
 	Stdin bool `json:"stdin,omitempty"`
+	// Detach makes the command outlive its connection (see the package
+	// documentation); ignored with PTY, whose sessions always do.
+	Detach bool `json:"detach,omitempty"`
 	// PTY makes the command a terminal session (see the package
 	// documentation). Argv may then be empty: the user's login shell from
 	// the jail's /etc/passwd runs, as a login shell ("-l").
@@ -77,14 +80,71 @@ type ResizeRequest struct {
 	Cols uint16 `json:"cols"`
 }
 
-// AttachRequest attaches a connection to a running terminal session
-// (MsgAttach).
+// AttachRequest attaches a connection to a running terminal session or
+// detached command (MsgAttach).
 type AttachRequest struct {
-	// Session is the session's id (SessionInfo.ID).
-	Session string `json:"session"`
+	// Session is the session's id (SessionInfo.ID); or
+	Session string `json:"session,omitempty"`
+	// Pid is the pid of a detached command or of a session's command.
+	Pid int `json:"pid,omitempty"`
 	// ReadOnly attachments see the output but cannot type or resize.
 	ReadOnly bool `json:"read_only,omitempty"`
+	// NoScrollback skips a session's recent output: only new output
+	// follows MsgStarted.
+	NoScrollback bool `json:"no_scrollback,omitempty"`
 }
+
+// EndedRetention is how long init remembers how a detached command or a
+// terminal session ended, for attaches by pid.
+const EndedRetention = 30 * time.Second
+
+// InputRequest feeds a detached command's stdin or types into a terminal
+// session, by pid (MsgInput).
+type InputRequest struct {
+	Pid  int    `json:"pid"`
+	Data []byte `json:"data,omitempty"`
+	// Close ends a detached command's stdin after Data.
+	Close bool `json:"close,omitempty"`
+}
+
+// MaxInputWait bounds how long a MsgInput waits for a command that does
+// not read its input.
+const MaxInputWait = 10 * time.Second
+
+// SizeRequest resizes a terminal session by its command's pid (MsgSetSize).
+type SizeRequest struct {
+	Pid  int    `json:"pid"`
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// WatchRequest watches a directory (MsgWatch).
+type WatchRequest struct {
+	// Path is the absolute jail path of the directory.
+	Path string `json:"path"`
+	// Recursive watches its subdirectories too, those made later included.
+	Recursive bool `json:"recursive,omitempty"`
+}
+
+// Watch event operations.
+const (
+	WatchCreate = "create"
+	WatchWrite  = "write"
+	WatchRemove = "remove"
+	WatchRename = "rename"
+	WatchChmod  = "chmod"
+)
+
+// WatchEvent is one change in a watched directory.
+type WatchEvent struct {
+	// Name is the changed path relative to the watched directory.
+	Name string `json:"name"`
+	// Op is one of the Watch* operations.
+	Op string `json:"op"`
+}
+
+// MaxWatches bounds the directories one recursive watch follows.
+const MaxWatches = 8192
 
 // SessionInfo describes a running terminal session.
 type SessionInfo struct {
