@@ -18,8 +18,12 @@ import (
 
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/apikey"
+	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
 )
+
+// The jail manager is what the E2B-compatible surface runs on.
+var _ e2b.Jails = (*jail.Manager)(nil)
 
 // shutdownGrace is how long a stopping daemon waits for requests in
 // flight before closing their connections (which cancels their commands).
@@ -139,7 +143,14 @@ func serve(ctx context.Context, opts jail.Options, addr string) error {
 			log.Error("closing the jail manager", "err", err)
 		}
 	}()
-	return listenAndServe(ctx, api.NewServer(mgr, token, log, api.WithKeys(keys)), addr, dataDir, log, os.Stderr)
+	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log})
+	if err != nil {
+		return err
+	}
+	defer e2bSvc.Close()
+	h := api.NewServer(mgr, token, log, api.WithKeys(keys),
+		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc))
+	return listenAndServe(ctx, h, addr, dataDir, log, os.Stderr)
 }
 
 // listenAndServe serves h on addr until ctx is cancelled. Once listening

@@ -1,0 +1,575 @@
+package e2b
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
+)
+
+// Sandbox states.
+const (
+	stateRunning = "running"
+	statePaused  = "paused"
+)
+
+// Limits of the control plane.
+const (
+	defaultTimeout = 300 * time.Second
+	maxTimeout     = 24 * time.Hour
+	maxForks       = model.MaxBranches
+	// opTimeout bounds a lifecycle operation (create, pause, resume, kill).
+	opTimeout = 5 * time.Minute
+)
+
+// record is a sandbox as kept in DATA_DIR/e2b/sandboxes/{id}.json.
+type record struct {
+	ID         string            `json:"id"`
+	TemplateID string            `json:"template_id"`
+	Tenant     string            `json:"tenant"`
+	KeyID      string            `json:"key_id"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	EnvVars    map[string]string `json:"env_vars,omitempty"`
+	// Token is the sandbox plane's access token (envdAccessToken).
+	Token string `json:"token"`
+	State string `json:"state"`
+	// JailID is the jail the sandbox runs in (the last one while paused).
+	JailID string `json:"jail_id"`
+	// Jails are every jail the sandbox ran in, oldest first.
+	Jails []string `json:"jails"`
+	// PauseSnapshot is the snapshot a paused sandbox resumes from.
+	PauseSnapshot string    `json:"pause_snapshot,omitempty"`
+	StartedAt     time.Time `json:"started_at"`
+	EndAt         time.Time `json:"end_at"`
+	AutoPause     bool      `json:"auto_pause,omitempty"`
+	CPUCount      int       `json:"cpu_count"`
+	MemoryMB      int       `json:"memory_mb"`
+	// Procs describes the processes started through the sandbox plane, by
+	// pid (for Process/List and tag selectors).
+	Procs map[uint32]procMeta `json:"procs,omitempty"`
+}
+
+// procMeta is how a process was started.
+type procMeta struct {
+	Cmd  string            `json:"cmd"`
+	Args []string          `json:"args,omitempty"`
+	Envs map[string]string `json:"envs,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	Tag  string            `json:"tag,omitempty"`
+	PTY  bool              `json:"pty,omitempty"`
+}
+
+// sandbox is a live record. op serialises lifecycle operations; mu guards
+// rec and the streams.
+type sandbox struct {
+	op    sync.Mutex
+	mu    sync.Mutex
+	rec   record
+	timer *time.Timer
+	// streams are the sandbox plane's open streams (each holds a
+	// connection to the jail's init); a pause or kill ends them first.
+	streams map[*stream]struct{}
+}
+
+func newSandbox(r record) *sandbox {
+	if r.Procs == nil {
+		r.Procs = map[uint32]procMeta{}
+	}
+	return &sandbox{rec: r, streams: map[*stream]struct{}{}}
+}
+
+func (sb *sandbox) snapshot() record {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	r := sb.rec
+	return r
+}
+
+func (sb *sandbox) stopTimer() {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.timer != nil {
+		sb.timer.Stop()
+		sb.timer = nil
+	}
+}
+
+// stream is one open sandbox-plane stream.
+type stream struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// openStream registers a stream of sb whose context is ended by a pause
+// or kill; the caller calls the returned function when it ends.
+func (sb *sandbox) openStream(ctx context.Context) (context.Context, func(), error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	st := &stream{cancel: func() { cancel(errSandboxGone) }, done: make(chan struct{})}
+	sb.mu.Lock()
+	if sb.rec.State != stateRunning {
+		sb.mu.Unlock()
+		cancel(nil)
+		return nil, nil, errSandboxGone
+	}
+	sb.streams[st] = struct{}{}
+	sb.mu.Unlock()
+	return ctx, func() {
+		sb.mu.Lock()
+		delete(sb.streams, st)
+		sb.mu.Unlock()
+		cancel(nil)
+		close(st.done)
+	}, nil
+}
+
+// endStreams ends every open stream and waits until they are gone (so
+// that no connection to the jail's init is left).
+func (sb *sandbox) endStreams() {
+	sb.mu.Lock()
+	list := make([]*stream, 0, len(sb.streams))
+	for st := range sb.streams {
+		list = append(list, st)
+	}
+	sb.mu.Unlock()
+	for _, st := range list {
+		st.cancel()
+	}
+	for _, st := range list {
+		select {
+		case <-st.done:
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// errSandboxGone ends the streams of a sandbox that is paused or killed.
+var errSandboxGone = errors.New("the sandbox was paused or killed")
+
+// newSandboxID returns 20 characters of [a-z0-9], as E2B's ids (no '-':
+// the SDK builds host names from them).
+func newSandboxID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	var b [20]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b[:])
+}
+
+func newToken() string {
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// jailName is the name of a sandbox's n-th jail.
+func jailName(id string, n int) string {
+	if n <= 1 {
+		return "e2b-" + id
+	}
+	return fmt.Sprintf("e2b-%s-%d", id, n)
+}
+
+// store keeps the records, one file per sandbox.
+type store struct {
+	dir string
+}
+
+func openStore(dataDir string) (*store, error) {
+	dir := filepath.Join(dataDir, "e2b", "sandboxes")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("e2b: %w", err)
+	}
+	return &store{dir: dir}, nil
+}
+
+func (st *store) load() ([]record, error) {
+	ents, err := os.ReadDir(st.dir)
+	if err != nil {
+		return nil, fmt.Errorf("e2b: %w", err)
+	}
+	var out []record
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(st.dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("e2b: %w", err)
+		}
+		var r record
+		if err := json.Unmarshal(data, &r); err != nil {
+			return nil, fmt.Errorf("e2b: %s: %w", e.Name(), err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (st *store) save(r record) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(st.dir, r.ID+".json")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("e2b: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("e2b: %w", err)
+	}
+	return nil
+}
+
+func (st *store) remove(id string) {
+	os.Remove(filepath.Join(st.dir, id+".json"))
+	os.RemoveAll(filepath.Join(st.dir, id))
+}
+
+// reportPath is where the report of a sandbox's earlier jail is kept.
+func (st *store) reportPath(id, jailID string) string {
+	return filepath.Join(st.dir, id, "report-"+jailID+".json")
+}
+
+// persist saves sb's record (errors are logged: the sandbox keeps working).
+func (s *Service) persist(sb *sandbox) {
+	if err := s.store.save(sb.snapshot()); err != nil {
+		s.log.Error("saving an e2b sandbox record", "err", err)
+	}
+}
+
+// arm (re)starts sb's timeout timer from its EndAt.
+func (s *Service) arm(sb *sandbox) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.timer != nil {
+		sb.timer.Stop()
+	}
+	if sb.rec.State != stateRunning {
+		sb.timer = nil
+		return
+	}
+	id := sb.rec.ID
+	sb.timer = time.AfterFunc(time.Until(sb.rec.EndAt), func() { s.expire(id) })
+}
+
+// expire ends a sandbox whose timeout passed: paused when it asked for
+// auto-pause, else killed.
+func (s *Service) expire(id string) {
+	select {
+	case <-s.closed:
+		return
+	default:
+	}
+	sb := s.sandboxByID(id)
+	if sb == nil {
+		return
+	}
+	r := sb.snapshot()
+	if r.State != stateRunning || time.Now().Before(r.EndAt) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if r.AutoPause {
+		if err := s.pause(ctx, sb); err == nil || errors.Is(err, errdefs.ErrConflict) {
+			s.log.Info("e2b sandbox timed out: paused", "sandbox", id)
+			return
+		} else {
+			s.log.Error("pausing a timed-out e2b sandbox; killing it", "sandbox", id, "err", err)
+		}
+	}
+	if err := s.kill(ctx, sb); err != nil {
+		s.log.Error("killing a timed-out e2b sandbox", "sandbox", id, "err", err)
+		return
+	}
+	s.log.Info("e2b sandbox timed out: killed", "sandbox", id)
+}
+
+// createSpec is what a create asks for.
+type createSpec struct {
+	template  string
+	timeout   time.Duration
+	metadata  map[string]string
+	envVars   map[string]string
+	autoPause bool
+}
+
+// create makes a sandbox for c.
+func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandbox, error) {
+	id := newSandboxID()
+	cfg := templateConfig(spec.template)
+	cfg.Env = spec.envVars
+	j, err := s.jails.Create(ctx, model.CreateRequest{Name: jailName(id, 1), Config: cfg})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrUnprocessable) && spec.template != "" && spec.template != defaultTemplate {
+			return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "template %q", spec.template)
+		}
+		return nil, err
+	}
+	now := time.Now().UTC()
+	r := record{
+		ID: id, TemplateID: spec.template, Tenant: c.key.Tenant, KeyID: c.key.ID,
+		Metadata: spec.metadata, EnvVars: spec.envVars, Token: newToken(), State: stateRunning,
+		JailID: j.ID, Jails: []string{j.ID}, StartedAt: now, EndAt: now.Add(spec.timeout), AutoPause: spec.autoPause,
+		CPUCount: cpuCount(j), MemoryMB: int(j.Config.Isolation.Resources.MemoryBytes >> 20),
+	}
+	if r.TemplateID == "" {
+		r.TemplateID = defaultTemplate
+	}
+	sb := newSandbox(r)
+	if err := s.store.save(r); err != nil {
+		if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
+			s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
+		}
+		return nil, err
+	}
+	s.mu.Lock()
+	s.sandboxes[id] = sb
+	s.mu.Unlock()
+	s.arm(sb)
+	return sb, nil
+}
+
+// cpuCount is the CPUs a jail may use (its quota, else the host's).
+func cpuCount(j *model.Jail) int {
+	r := j.Config.Isolation.Resources
+	if r.CPUQuota > 0 && r.CPUPeriod > 0 {
+		return max(1, int((uint64(r.CPUQuota)+r.CPUPeriod-1)/r.CPUPeriod))
+	}
+	return runtime.NumCPU()
+}
+
+// kill destroys the sandbox: its jails, its pause snapshot, its record.
+func (s *Service) kill(ctx context.Context, sb *sandbox) error {
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	r := sb.snapshot()
+	sb.mu.Lock()
+	sb.rec.State = "killed"
+	sb.mu.Unlock()
+	sb.stopTimer()
+	sb.endStreams()
+	var errs []error
+	if r.State == stateRunning {
+		if err := s.jails.Destroy(ctx, r.JailID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	if r.PauseSnapshot != "" {
+		if err := s.jails.DeleteSnapshot(ctx, r.PauseSnapshot); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	s.closeWatchers(r.ID)
+	s.mu.Lock()
+	delete(s.sandboxes, r.ID)
+	s.mu.Unlock()
+	s.store.remove(r.ID)
+	return errors.Join(errs...)
+}
+
+// pause snapshots the running sandbox (processes and files), keeps its
+// jail's report, and destroys the jail: a paused sandbox holds no CPU or
+// memory. ErrConflict when it is already paused.
+func (s *Service) pause(ctx context.Context, sb *sandbox) error {
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	r := sb.snapshot()
+	if r.State == statePaused {
+		return errdefs.Conflictf("sandbox %s is already paused", r.ID)
+	}
+	if r.State != stateRunning {
+		return errdefs.NotFoundf("sandbox %q not found", r.ID)
+	}
+	sb.mu.Lock()
+	sb.rec.State = "pausing"
+	sb.mu.Unlock()
+	sb.endStreams()
+	s.closeWatchers(r.ID)
+	snap, err := s.jails.Snapshot(ctx, r.JailID, model.SnapshotRequest{Name: fmt.Sprintf("e2b-%s-pause-%d", r.ID, len(r.Jails)), Mode: model.SnapshotFull})
+	if err != nil {
+		sb.mu.Lock()
+		sb.rec.State = stateRunning
+		sb.mu.Unlock()
+		return err
+	}
+	s.keepReport(ctx, r.ID, r.JailID)
+	if err := s.jails.Destroy(ctx, r.JailID); err != nil {
+		s.log.Error("destroying a paused e2b sandbox's jail", "jail", r.JailID, "err", err)
+	}
+	sb.mu.Lock()
+	sb.rec.State, sb.rec.PauseSnapshot = statePaused, snap.ID
+	sb.mu.Unlock()
+	sb.stopTimer()
+	s.persist(sb)
+	return nil
+}
+
+// keepReport saves the observation report of a jail the sandbox leaves.
+func (s *Service) keepReport(ctx context.Context, id, jailID string) {
+	rep, err := s.jails.Report(ctx, jailID)
+	if err != nil {
+		s.log.Warn("keeping the report of an e2b sandbox's jail", "jail", jailID, "err", err)
+		return
+	}
+	p := s.store.reportPath(id, jailID)
+	data, _ := json.Marshal(rep)
+	err = os.MkdirAll(filepath.Dir(p), 0o700)
+	if err == nil {
+		err = os.WriteFile(p, data, 0o600)
+	}
+	if err != nil {
+		s.log.Warn("keeping the report of an e2b sandbox's jail", "jail", jailID, "err", err)
+	}
+}
+
+// resume restores a paused sandbox from its pause snapshot into its next
+// jail, with the same id, token, files and processes.
+func (s *Service) resume(ctx context.Context, sb *sandbox, timeout time.Duration) error {
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	r := sb.snapshot()
+	if r.State == stateRunning {
+		s.extend(sb, timeout)
+		return nil
+	}
+	if r.State != statePaused {
+		return errdefs.NotFoundf("sandbox %q not found", r.ID)
+	}
+	j, err := s.jails.Restore(ctx, r.PauseSnapshot, jailName(r.ID, len(r.Jails)+1))
+	if err != nil {
+		return err
+	}
+	if err := s.jails.DeleteSnapshot(ctx, r.PauseSnapshot); err != nil {
+		s.log.Warn("deleting a resumed e2b sandbox's pause snapshot", "snapshot", r.PauseSnapshot, "err", err)
+	}
+	now := time.Now().UTC()
+	sb.mu.Lock()
+	sb.rec.State, sb.rec.JailID, sb.rec.PauseSnapshot = stateRunning, j.ID, ""
+	sb.rec.Jails = append(sb.rec.Jails, j.ID)
+	sb.rec.EndAt = now.Add(timeout)
+	sb.mu.Unlock()
+	s.persist(sb)
+	s.arm(sb)
+	return nil
+}
+
+// extend moves a running sandbox's end to now+timeout when that is later.
+func (s *Service) extend(sb *sandbox, timeout time.Duration) {
+	end := time.Now().UTC().Add(timeout)
+	sb.mu.Lock()
+	later := end.After(sb.rec.EndAt)
+	if later {
+		sb.rec.EndAt = end
+	}
+	sb.mu.Unlock()
+	if later {
+		s.persist(sb)
+		s.arm(sb)
+	}
+}
+
+// setTimeout sets a running sandbox's end to now+timeout.
+func (s *Service) setTimeout(sb *sandbox, timeout time.Duration) error {
+	sb.mu.Lock()
+	if sb.rec.State != stateRunning {
+		sb.mu.Unlock()
+		return errdefs.NotFoundf("sandbox %q is not running", sb.rec.ID)
+	}
+	sb.rec.EndAt = time.Now().UTC().Add(timeout)
+	sb.mu.Unlock()
+	s.persist(sb)
+	s.arm(sb)
+	return nil
+}
+
+// fork branches the running sandbox count ways: a snapshot of it (files
+// and processes) restored as count new sandboxes with their own ids and
+// tokens. The source's open streams end (their connections cannot be
+// recorded); its processes keep running.
+func (s *Service) fork(ctx context.Context, c caller, sb *sandbox, count int, timeout time.Duration) ([]*sandbox, error) {
+	if count < 1 || count > maxForks {
+		return nil, errdefs.Invalidf("count: %d must be between 1 and %d", count, maxForks)
+	}
+	sb.op.Lock()
+	r := sb.snapshot()
+	if r.State != stateRunning {
+		sb.op.Unlock()
+		return nil, errdefs.Conflictf("sandbox %s is %s; only a running sandbox can be forked", r.ID, r.State)
+	}
+	sb.endStreams()
+	snap, err := s.jails.Snapshot(ctx, r.JailID, model.SnapshotRequest{Name: "e2b-" + r.ID + "-fork-" + newToken()[:6], Mode: model.SnapshotFull})
+	sb.op.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := s.jails.DeleteSnapshot(context.WithoutCancel(ctx), snap.ID); err != nil {
+			s.log.Warn("deleting a fork's snapshot", "snapshot", snap.ID, "err", err)
+		}
+	}()
+	ids := make([]string, count)
+	for i := range ids {
+		ids[i] = newSandboxID()
+	}
+	out := make([]*sandbox, 0, count)
+	for _, id := range ids {
+		j, err := s.jails.Restore(ctx, snap.ID, jailName(id, 1))
+		if err != nil {
+			for _, f := range out {
+				if kerr := s.kill(context.WithoutCancel(ctx), f); kerr != nil {
+					s.log.Error("killing a fork after a failed fork", "sandbox", f.rec.ID, "err", kerr)
+				}
+			}
+			return nil, err
+		}
+		now := time.Now().UTC()
+		fr := r
+		fr.ID, fr.Token, fr.State, fr.JailID, fr.Jails, fr.PauseSnapshot = id, newToken(), stateRunning, j.ID, []string{j.ID}, ""
+		fr.Tenant, fr.KeyID, fr.StartedAt, fr.EndAt = c.key.Tenant, c.key.ID, now, now.Add(timeout)
+		fr.Procs = map[uint32]procMeta{}
+		for pid, m := range r.Procs {
+			fr.Procs[pid] = m
+		}
+		f := newSandbox(fr)
+		if err := s.store.save(fr); err != nil {
+			_ = s.jails.Destroy(context.WithoutCancel(ctx), j.ID)
+			return nil, err
+		}
+		s.mu.Lock()
+		s.sandboxes[id] = f
+		s.mu.Unlock()
+		s.arm(f)
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// readReport reads a kept report (ErrNotFound when none).
+func (s *Service) readReport(id, jailID string) (json.RawMessage, error) {
+	data, err := os.ReadFile(s.store.reportPath(id, jailID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errdefs.NotFoundf("no report of jail %s is kept for sandbox %s", jailID, id)
+	}
+	return data, err
+}

@@ -1,0 +1,155 @@
+package jail
+
+import (
+	"context"
+	"slices"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initclient"
+	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/model"
+)
+
+// Commands that outlive the request that started them (the E2B surface's
+// processes): a detached command, or a terminal session, each a child of
+// the jail's init like any exec, observed and (a terminal) recorded.
+
+// StartProcess starts req in the running jail ref as a command that keeps
+// running when the returned attachment is closed: a terminal session
+// (pty's Rows, Cols and Term) when pty is set, else a detached command,
+// with a stdin to feed when stdin is set. req.TimeoutMs kills it
+// (req.Stdin is ignored).
+func (m *Manager) StartProcess(ctx context.Context, ref string, req model.ExecRequest, stdin bool, pty *model.TerminalRequest) (*initclient.Process, error) {
+	if err := validateExec(&req); err != nil {
+		return nil, err
+	}
+	inst, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	env := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	slices.Sort(env)
+	ir := initproto.ExecRequest{Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs, Stdin: stdin}
+	if pty != nil {
+		if err := checkTermSize("rows", pty.Rows); err != nil {
+			return nil, err
+		}
+		if err := checkTermSize("cols", pty.Cols); err != nil {
+			return nil, err
+		}
+		ir.Stdin = false
+		ir.PTY = &initproto.PTYOptions{Rows: uint16(pty.Rows), Cols: uint16(pty.Cols), Term: pty.Term, RecordInput: inst.Config.Recording.Input}
+	}
+	return c.StartProcess(ctx, ir)
+}
+
+// AttachProcess attaches to a command started by StartProcess, by its
+// pid: its output from now on, then its exit (see initclient.AttachProcess).
+func (m *Manager) AttachProcess(ctx context.Context, ref string, pid int) (*initclient.Process, error) {
+	_, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	return c.AttachProcess(ctx, pid, true)
+}
+
+// ProcessInput writes to the stdin of a command started by StartProcess
+// (types into its terminal), then with close ends its stdin.
+func (m *Manager) ProcessInput(ctx context.Context, ref string, pid int, data []byte, close bool) error {
+	_, c, err := m.running(ref)
+	if err != nil {
+		return err
+	}
+	return c.Input(ctx, pid, data, close)
+}
+
+// ResizeProcess resizes the terminal of a command started by StartProcess
+// with a terminal.
+func (m *Manager) ResizeProcess(ctx context.Context, ref string, pid, rows, cols int) error {
+	if rows < 1 || cols < 1 || rows > maxTermSize || cols > maxTermSize {
+		return invalidSize(rows, cols)
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return err
+	}
+	return c.SetSize(ctx, pid, uint16(rows), uint16(cols))
+}
+
+// SignalProcess sends sig (a name or number) to the running command pid
+// of the jail (ErrNotFound when init runs no command with that pid).
+func (m *Manager) SignalProcess(ctx context.Context, ref string, pid int, sig string) error {
+	if !validSignal(sig) {
+		return invalidSignal(sig)
+	}
+	_, c, err := m.running(ref)
+	if err != nil {
+		return err
+	}
+	return c.Signal(ctx, pid, sig)
+}
+
+// Commands lists the commands init runs in the jail (execs, detached
+// commands and terminal sessions), by pid.
+func (m *Manager) Commands(ctx context.Context, ref string) ([]initproto.ProcessInfo, error) {
+	_, c, err := m.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	return c.List(ctx)
+}
+
+// WatchDir watches a directory of the running jail (and its
+// subdirectories when recursive); the caller closes the watch.
+func (m *Manager) WatchDir(ctx context.Context, ref, p string, recursive bool) (*initclient.Watch, error) {
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	_, c, err := m.runningPath(ref, p)
+	if err != nil {
+		return nil, err
+	}
+	return c.Watch(ctx, p, recursive)
+}
+
+// Rename moves a path of the running jail (replacing a file at to) and
+// describes it at its new place.
+func (m *Manager) Rename(ctx context.Context, ref, from, to string) (*model.FileInfo, error) {
+	for _, p := range []string{from, to} {
+		if err := checkPath(p); err != nil {
+			return nil, err
+		}
+		if p == "/" {
+			return nil, invalidRoot()
+		}
+	}
+	_, c, err := m.runningPath(ref, from)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := m.runningPath(ref, to); err != nil {
+		return nil, err
+	}
+	if err := c.Rename(ctx, from, to); err != nil {
+		return nil, err
+	}
+	fi, err := c.Stat(ctx, to)
+	if err != nil {
+		return nil, err
+	}
+	out := fileInfo(fi)
+	return &out, nil
+}
+
+func invalidSize(rows, cols int) error {
+	return errdefs.Invalidf("size: rows %d and cols %d must be between 1 and %d", rows, cols, maxTermSize)
+}
+
+func invalidSignal(sig string) error {
+	return errdefs.Invalidf("signal: %q is not a signal name or number", sig)
+}
+
+func invalidRoot() error { return errdefs.Forbiddenf("refusing to move the jail's root") }
