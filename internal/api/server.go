@@ -276,6 +276,15 @@ func (r *recorder) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection's Flush.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
+// Flush sends what is buffered to the client, for handlers that assert
+// http.Flusher (connect-go's streams do).
+func (r *recorder) Flush() {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
 func (r *recorder) status() int {
 	if !r.wroteHeader {
 		return http.StatusOK

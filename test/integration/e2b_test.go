@@ -1,0 +1,89 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// e2bProject is the Node project that holds the official e2b SDK
+// (package.json and package-lock.json; scripts/setup.sh runs npm ci).
+func e2bProject(t testing.TB) string {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "test", "e2b")
+	_, nodeErr := exec.LookPath("node")
+	_, sdkErr := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json"))
+	if nodeErr != nil || sdkErr != nil {
+		msg := "node and the e2b SDK are needed (scripts/setup.sh runs npm ci in test/e2b)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return dir
+}
+
+// e2bKey issues an API key on d for the SDK.
+func e2bKey(t testing.TB, d *daemon) string {
+	t.Helper()
+	var k struct {
+		Secret string `json:"secret"`
+	}
+	d.api.want(t, http.StatusCreated, "POST", "/keys", map[string]any{"name": t.Name(), "tenant": "e2b-test"}, &k)
+	return k.Secret
+}
+
+// e2bEnv is the environment that points the SDK at d.
+func e2bEnv(d *daemon, key string) []string {
+	base := "http://" + d.addr + "/e2b"
+	env := []string{"E2B_API_KEY=" + key, "E2B_API_URL=" + base, "E2B_SANDBOX_URL=" + base + "/envd"}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "E2B_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// TestE2BSDK runs the wire contract's acceptance scenario (test/e2b/
+// compat.test.mjs) with the official, unchanged e2b SDK against a daemon:
+// create, commands (buffered, streamed, background, stdin, timeout),
+// files (read, write, multi-file, stat, list, move, remove, watch, signed
+// URLs, gzip), PTY with input and resize, info, timeout, list by
+// metadata, connect, pause and resume with a file and a process
+// surviving, fork, the report, unsupported routes, kill, and the SDK's
+// typed errors.
+func TestE2BSDK(t *testing.T) {
+	dir := e2bProject(t)
+	d := newDaemon(t)
+	key := e2bKey(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "compat.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = e2bEnv(d, key)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test compat.test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the E2B SDK scenario failed: %v", err)
+	}
+	// Nothing of the scenario's sandboxes is left: each was killed.
+	var left []map[string]any
+	r := d.api.do(t, "GET", "/e2b/v2/sandboxes", nil, "X-API-KEY", key)
+	if r.status != http.StatusOK {
+		t.Fatalf("listing sandboxes: %s", r)
+	}
+	if err := json.Unmarshal(r.body, &left); err != nil || len(left) != 0 {
+		t.Fatalf("sandboxes left after the scenario: %v %v", left, err)
+	}
+}
