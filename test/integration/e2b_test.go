@@ -65,7 +65,7 @@ func e2bEnv(d *daemon, key string) []string {
 // typed errors.
 func TestE2BSDK(t *testing.T) {
 	dir := e2bProject(t)
-	d := newDaemon(t)
+	d := shared(t)
 	key := e2bKey(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -85,5 +85,49 @@ func TestE2BSDK(t *testing.T) {
 	}
 	if err := json.Unmarshal(r.body, &left); err != nil || len(left) != 0 {
 		t.Fatalf("sandboxes left after the scenario: %v %v", left, err)
+	}
+}
+
+// TestE2BReadmeExample runs the README's "Use it from the E2B SDK" example
+// as written, with the three environment variables it names.
+func TestE2BReadmeExample(t *testing.T) {
+	dir := e2bProject(t)
+	root, _ := repoRoot()
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(readme), "## Use it from the E2B SDK")
+	if !ok {
+		t.Fatal(`README.md has no "Use it from the E2B SDK" section`)
+	}
+	_, code, ok := strings.Cut(sec, "```js\n")
+	if ok {
+		code, _, ok = strings.Cut(code, "```")
+	}
+	if !ok {
+		t.Fatal("the README's E2B section has no js example")
+	}
+	if n := strings.Count(strings.TrimSpace(code), "\n") + 1; n > 6 {
+		t.Errorf("the README's E2B example has %d lines", n)
+	}
+	f, err := os.CreateTemp(dir, "readme-*.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.WriteString(code); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	d := shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", filepath.Base(f.Name()))
+	cmd.Dir = dir
+	cmd.Env = e2bEnv(d, e2bKey(t, d))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Linux") {
+		t.Fatalf("the README's example: %v\n%s", err, out)
 	}
 }
