@@ -71,7 +71,6 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	sb.mu.Lock()
 	sb.rec.Procs[pid] = procMeta{Cmd: cfg.GetCmd(), Args: cfg.GetArgs(), Envs: cfg.GetEnvs(), Cwd: cfg.GetCwd(), Tag: m.GetTag(), PTY: pty != nil}
 	sb.mu.Unlock()
-	s.persist(sb)
 	return follow(ctx, s, req.Header(), proc, pty != nil, func(ev *process.ProcessEvent) error {
 		return st.Send(&process.StartResponse{Event: ev})
 	})
