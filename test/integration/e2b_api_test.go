@@ -1,0 +1,245 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/agentjail/agentjail/internal/e2b/envd/filesystem"
+	"github.com/agentjail/agentjail/internal/e2b/envd/filesystem/filesystemconnect"
+	"github.com/agentjail/agentjail/internal/e2b/envd/process"
+	"github.com/agentjail/agentjail/internal/e2b/envd/process/processconnect"
+)
+
+// e2bSandbox is the Sandbox object of the control plane.
+type e2bSandbox struct {
+	SandboxID       string `json:"sandboxID"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+}
+
+// e2bCall makes a control-plane request with key and returns the response.
+func e2bCall(t testing.TB, d *daemon, key, method, path string, in any) *response {
+	t.Helper()
+	r, err := d.api.send(method, "/e2b"+path, in, "X-API-KEY", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func e2bCreate(t testing.TB, d *daemon, key string, body map[string]any) e2bSandbox {
+	t.Helper()
+	r := e2bCall(t, d, key, "POST", "/v2/sandboxes", body)
+	if r.status != http.StatusCreated {
+		t.Fatalf("create: %s", r)
+	}
+	var sb e2bSandbox
+	if err := json.Unmarshal(r.body, &sb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e2bCall(t, d, key, "DELETE", "/sandboxes/"+sb.SandboxID, nil) })
+	return sb
+}
+
+// e2bState is a sandbox's state ("" once it is gone).
+func e2bState(t testing.TB, d *daemon, key, id string) string {
+	r := e2bCall(t, d, key, "GET", "/sandboxes/"+id, nil)
+	if r.status == http.StatusNotFound {
+		return ""
+	}
+	var info struct {
+		State string `json:"state"`
+	}
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &info) != nil {
+		t.Fatalf("get: %s", r)
+	}
+	return info.State
+}
+
+// TestE2BTimeouts: a sandbox is killed at the end of its timeout, or
+// paused when it asked for auto-pause; a paused one resumes on connect.
+func TestE2BTimeouts(t *testing.T) {
+	d := shared(t)
+	key := e2bKey(t, d)
+	killed := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 1})
+	paused := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 1, "autoPause": true})
+	if err := waitFor(30*time.Second, func() error {
+		if s := e2bState(t, d, key, killed.SandboxID); s != "" {
+			return fmt.Errorf("the sandbox past its timeout is %q", s)
+		}
+		if s := e2bState(t, d, key, paused.SandboxID); s != "paused" {
+			return fmt.Errorf("the auto-pause sandbox past its timeout is %q", s)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e2bCall(t, d, key, "POST", "/v2/sandboxes/"+paused.SandboxID+"/connect", map[string]any{"timeout": 60}); r.status != http.StatusCreated {
+		t.Fatalf("resume: %s", r)
+	}
+	if s := e2bState(t, d, key, paused.SandboxID); s != "running" {
+		t.Fatalf("after connect: %q", s)
+	}
+}
+
+// TestE2BTenantsAndRoles: a key sees only its tenant's sandboxes; a viewer
+// key reads but changes nothing; an admin key sees every tenant's.
+func TestE2BTenantsAndRoles(t *testing.T) {
+	d := shared(t)
+	mk := func(tenant, role string) string {
+		var k struct {
+			Secret string `json:"secret"`
+		}
+		d.api.want(t, http.StatusCreated, "POST", "/keys", map[string]any{"tenant": tenant, "role": role}, &k)
+		return k.Secret
+	}
+	a, b, viewer, admin := mk("tenant-a", "user"), mk("tenant-b", "user"), mk("tenant-a", "viewer"), mk("ops", "admin")
+	sb := e2bCreate(t, d, a, map[string]any{"templateID": "base", "timeout": 120, "metadata": map[string]string{"owner": "a"}})
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/sandboxes/" + sb.SandboxID}, {"DELETE", "/sandboxes/" + sb.SandboxID},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/pause"}, {"GET", "/sandboxes/" + sb.SandboxID + "/report"},
+	} {
+		if r := e2bCall(t, d, b, c.method, c.path, nil); r.status != http.StatusNotFound {
+			t.Errorf("tenant b: %s %s: %s", c.method, c.path, r)
+		}
+	}
+	var list []map[string]any
+	if r := e2bCall(t, d, b, "GET", "/v2/sandboxes", nil); json.Unmarshal(r.body, &list) != nil || len(list) != 0 {
+		t.Errorf("tenant b lists %s", r)
+	}
+	if r := e2bCall(t, d, viewer, "GET", "/sandboxes/"+sb.SandboxID, nil); r.status != http.StatusOK {
+		t.Errorf("viewer get: %s", r)
+	}
+	for _, c := range []struct{ method, path string }{
+		{"DELETE", "/sandboxes/" + sb.SandboxID}, {"POST", "/v2/sandboxes"},
+	} {
+		if r := e2bCall(t, d, viewer, c.method, c.path, map[string]any{}); r.status != http.StatusForbidden {
+			t.Errorf("viewer %s %s: %s", c.method, c.path, r)
+		}
+	}
+	if r := e2bCall(t, d, admin, "GET", "/sandboxes/"+sb.SandboxID, nil); r.status != http.StatusOK {
+		t.Errorf("admin get: %s", r)
+	}
+	if r := e2bCall(t, d, "aj_000000000000_"+"x", "GET", "/v2/sandboxes", nil); r.status != http.StatusUnauthorized || !json.Valid(r.body) {
+		t.Errorf("a malformed key: %s", r)
+	}
+}
+
+// headerTransport adds the sandbox plane's routing and token headers.
+type headerTransport struct{ id, token string }
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", h.id)
+	r.Header.Set("X-Access-Token", h.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// envdClient is a Connect client of the sandbox plane for one sandbox:
+// process over JSON (as the JS SDK), filesystem over binary protobuf.
+func envdClient(d *daemon, sb e2bSandbox, token string) (processconnect.ProcessClient, filesystemconnect.FilesystemClient) {
+	hc := &http.Client{Transport: headerTransport{sb.SandboxID, token}}
+	base := "http://" + d.addr + "/e2b/envd"
+	return processconnect.NewProcessClient(hc, base, connect.WithProtoJSON()), filesystemconnect.NewFilesystemClient(hc, base)
+}
+
+// TestE2BPolledWatcherAndStreamInput drives what the JS SDK does not:
+// the polled watcher of the Python SDK, client-streamed input, the binary
+// protocol, and the answers for an unknown sandbox and a wrong token.
+func TestE2BPolledWatcherAndStreamInput(t *testing.T) {
+	d := shared(t)
+	key := e2bKey(t, d)
+	sb := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 120})
+	proc, fs := envdClient(d, sb, sb.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := fs.MakeDir(ctx, connect.NewRequest(&filesystem.MakeDirRequest{Path: "/tmp/polled"})); err != nil {
+		t.Fatal(err)
+	}
+	w, err := fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "/tmp/polled", Recursive: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := proc.Start(ctx, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "cat > /tmp/polled/in.txt"}}, Stdin: ptr(true),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer start.Close()
+	if !start.Receive() || start.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("no start event: %v", start.Err())
+	}
+	pid := start.Msg().GetEvent().GetStart().GetPid()
+	in := proc.StreamInput(ctx)
+	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
+	msgs := []*process.StreamInputRequest{
+		{Event: &process.StreamInputRequest_Start{Start: &process.StreamInputRequest_StartEvent{Process: sel}}},
+		{Event: &process.StreamInputRequest_Data{Data: &process.StreamInputRequest_DataEvent{Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte("streamed\n")}}}}},
+	}
+	for _, m := range msgs {
+		if err := in.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := in.CloseAndReceive(); err != nil {
+		t.Fatalf("stream input: %v", err)
+	}
+	if _, err := proc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: sel})); err != nil {
+		t.Fatal(err)
+	}
+	var end *process.ProcessEvent_EndEvent
+	for start.Receive() {
+		if e := start.Msg().GetEvent().GetEnd(); e != nil {
+			end = e
+		}
+	}
+	if end == nil || end.GetExitCode() != 0 || !end.GetExited() {
+		t.Fatalf("end: %v %v", end, start.Err())
+	}
+	var names []string
+	if err := waitFor(10*time.Second, func() error {
+		r, err := fs.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: w.Msg.GetWatcherId()}))
+		if err != nil {
+			return err
+		}
+		for _, ev := range r.Msg.GetEvents() {
+			names = append(names, ev.GetName()+":"+ev.GetType().String())
+		}
+		for _, n := range names {
+			if n == "in.txt:EVENT_TYPE_CREATE" {
+				return nil
+			}
+		}
+		return fmt.Errorf("events %v", names)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.RemoveWatcher(ctx, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: w.Msg.GetWatcherId()})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: w.Msg.GetWatcherId()})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("a removed watcher: %v", err)
+	}
+	// The file the command wrote, read back through the plane's files API.
+	r, err := d.api.send("GET", "/e2b/envd/files?path=/tmp/polled/in.txt", nil, "E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", sb.EnvdAccessToken)
+	if err != nil || r.status != http.StatusOK || string(r.body) != "streamed\n" {
+		t.Fatalf("download: %v %v", r, err)
+	}
+	// A wrong token is 401, an unknown sandbox 502 (E2B's edge answer).
+	_, badFS := envdClient(d, sb, "wrong")
+	if _, err := badFS.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/"})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("wrong token: %v", err)
+	}
+	_, goneFS := envdClient(d, e2bSandbox{SandboxID: "nosuchsandbox0000000"}, "x")
+	if _, err := goneFS.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/"})); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("unknown sandbox: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
