@@ -126,26 +126,11 @@ func (b *bgProc) run() {
 	s.execs.Done()
 }
 
-// pump reads one output pipe and publishes it (see execution.pump for the
-// end of the stream).
+// pump publishes what one output pipe delivers (see readPipe).
 func (b *bgProc) pump(f *os.File, t initproto.MsgType, wg *sync.WaitGroup) {
 	defer recoverPanic(b.srv.log, "detached output pump")
 	defer wg.Done()
-	buf := make([]byte, initproto.ChunkSize)
-	emit := func(p []byte) { b.publish(t, p) }
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			emit(buf[:n])
-		}
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			drain(f, buf, emit)
-		}
-		return
-	}
+	readPipe(f, make([]byte, initproto.ChunkSize), func(p []byte) { b.publish(t, p) })
 }
 
 // publish offers a chunk to every attachment. An attachment whose queue

@@ -511,6 +511,13 @@ func (ex *execution) pump(f *os.File, t initproto.MsgType, wg *sync.WaitGroup) {
 			ex.proc.kill() // the client is gone
 		}
 	}
+	readPipe(f, buf, emit)
+}
+
+// readPipe passes what the output pipe f delivers to emit until it ends,
+// or, once its read deadline is set (the command exited), until what is
+// buffered in it is read.
+func readPipe(f *os.File, buf []byte, emit func([]byte)) {
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {

@@ -92,6 +92,16 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// envList is env as sorted "K=V" entries.
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
+}
+
 func validateExec(req *model.ExecRequest) error {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return errdefs.Invalidf("cmd: at least the program name is required")
@@ -127,11 +137,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 	if err != nil {
 		return nil, err
 	}
-	env := make([]string, 0, len(req.Env))
-	for k, v := range req.Env {
-		env = append(env, k+"="+v)
-	}
-	slices.Sort(env)
+	env := envList(req.Env)
 	var stdout, stderr io.Writer
 	var bout, berr *cappedBuffer
 	if out == nil {

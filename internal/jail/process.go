@@ -2,7 +2,6 @@ package jail
 
 import (
 	"context"
-	"slices"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
@@ -27,12 +26,7 @@ func (m *Manager) StartProcess(ctx context.Context, ref string, req model.ExecRe
 	if err != nil {
 		return nil, err
 	}
-	env := make([]string, 0, len(req.Env))
-	for k, v := range req.Env {
-		env = append(env, k+"="+v)
-	}
-	slices.Sort(env)
-	ir := initproto.ExecRequest{Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs, Stdin: stdin}
+	ir := initproto.ExecRequest{Argv: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs, Stdin: stdin}
 	if pty != nil {
 		if err := checkTermSize("rows", pty.Rows); err != nil {
 			return nil, err

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,11 +75,7 @@ func (m *Manager) OpenTerminal(ctx context.Context, ref string, req model.Termin
 		if strings.ContainsAny(req.Term, "\x00\n") {
 			return nil, errdefs.Invalidf("term: %q is not a terminal type", req.Term)
 		}
-		env := make([]string, 0, len(req.Env))
-		for k, v := range req.Env {
-			env = append(env, k+"="+v)
-		}
-		slices.Sort(env)
+		env := envList(req.Env)
 		t, err = c.StartTerminal(ctx, initproto.ExecRequest{
 			Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: req.User,
 			PTY: &initproto.PTYOptions{
