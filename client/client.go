@@ -368,6 +368,11 @@ func (c *Client) ExecStream(ctx context.Context, ref string, req ExecRequest, fn
 	if err != nil {
 		return nil, err
 	}
+	return readExecStream(resp, fn)
+}
+
+// readExecStream reads an exec stream (base64 data) to its exit event.
+func readExecStream(resp *http.Response, fn func(stream string, data []byte) error) (*ExecResult, error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), maxStreamLine)

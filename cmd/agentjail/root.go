@@ -65,6 +65,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 		newAttachCmd(g), newTerminalsCmd(g), newRecordingsCmd(g), newReplayCmd(g),
 		newSnapshotCmd(g), newSnapshotsCmd(g), newRestoreCmd(g), newBranchCmd(g),
 		newDiffCmd(g), newTreeCmd(g), newRmsnapCmd(g), newKeysCmd(g),
+		newAgentCmd(g), newSyncCmd(g),
 	)
 	return root
 }

@@ -16,10 +16,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentjail/agentjail/internal/agent"
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // The jail manager is what the E2B-compatible surface runs on.
@@ -33,7 +35,7 @@ const shutdownGrace = 10 * time.Second
 const maxWarmJails = 64
 
 func newServeCmd(g *globals) *cobra.Command {
-	var runtime, criu, poolSize string
+	var runtime, criu, poolSize, toolsDir, secretsFile string
 	var warmJails int
 	var net netFlags
 	cmd := &cobra.Command{
@@ -68,10 +70,12 @@ next start.`,
 				}
 				opts.Hosts = hosts
 			}
-			return serve(cmd.Context(), opts, g.listenAddr())
+			return serve(cmd.Context(), opts, g.listenAddr(), daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile})
 		},
 	}
 	cmd.Flags().StringVar(&runtime, "runtime", "runc", "OCI runtime binary")
+	cmd.Flags().StringVar(&toolsDir, "tools-dir", "", "where agent CLIs are installed, one read-only tree per version shared by all jails (default DATA_DIR/tools)")
+	cmd.Flags().StringVar(&secretsFile, "secrets-file", "", "KEY=VALUE file (mode 0600) of the model API keys the proxy adds for agents, e.g. ANTHROPIC_API_KEY (default DATA_DIR/secrets.env; the daemon's environment is read too)")
 	cmd.Flags().StringVar(&criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
 	cmd.Flags().IntVar(&warmJails, "warm-jails", 2, "how many started jails of the default configuration to keep ready: a create asking for that configuration takes one (0: none)")
@@ -117,8 +121,26 @@ func readHostsFile(path string) (map[string][]netip.Addr, error) {
 	return hosts, nil
 }
 
+// daemonOptions are serve's options beyond the jail manager's.
+type daemonOptions struct {
+	toolsDir, secretsFile string
+}
+
+// daemon is the API's Service: the jail manager, whose creates and
+// destroys go through the agent service (agent and workspace sections).
+type daemon struct {
+	*jail.Manager
+	agents *agent.Service
+}
+
+func (d daemon) Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error) {
+	return d.agents.Create(ctx, req)
+}
+
+func (d daemon) Destroy(ctx context.Context, ref string) error { return d.agents.Destroy(ctx, ref) }
+
 // serve runs the daemon until ctx is cancelled.
-func serve(ctx context.Context, opts jail.Options, addr string) error {
+func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions) error {
 	level := slog.LevelInfo
 	if os.Getenv("AGENTJAIL_DEBUG") != "" {
 		level = slog.LevelDebug
@@ -134,6 +156,14 @@ func serve(ctx context.Context, opts jail.Options, addr string) error {
 		return err
 	}
 	opts.Logger = log
+	if do.secretsFile == "" {
+		do.secretsFile = filepath.Join(dataDir, "secrets.env")
+	}
+	secrets := agent.NewKeys(do.secretsFile, os.LookupEnv)
+	if err := secrets.Check(); err != nil {
+		log.Warn("model API keys", "err", err)
+	}
+	opts.Secrets = secrets.Lookup
 	mgr, err := jail.NewManager(ctx, opts)
 	if err != nil {
 		return err
@@ -143,12 +173,22 @@ func serve(ctx context.Context, opts jail.Options, addr string) error {
 			log.Error("closing the jail manager", "err", err)
 		}
 	}()
+	absData, err := filepath.Abs(dataDir)
+	if err != nil {
+		return err
+	}
+	agents, err := agent.NewService(ctx, mgr, agent.Options{DataDir: absData, ToolsDir: do.toolsDir, Keys: secrets, Log: log})
+	if err != nil {
+		return err
+	}
+	defer agents.Close()
+	svc := daemon{Manager: mgr, agents: agents}
 	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log})
 	if err != nil {
 		return err
 	}
 	defer e2bSvc.Close()
-	h := api.NewServer(mgr, token, log, api.WithKeys(keys),
+	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents),
 		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc))
 	return listenAndServe(ctx, h, addr, dataDir, log, os.Stderr)
 }

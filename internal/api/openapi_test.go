@@ -98,6 +98,13 @@ func TestOpenAPISchemas(t *testing.T) {
 	doc := loadOpenAPI(t)
 	for name, v := range map[string]any{
 		"Jail":            model.Jail{},
+		"Agent":           config.Agent{},
+		"Workspace":       config.Workspace{},
+		"Sync":            config.Sync{},
+		"AgentTool":       model.AgentTool{},
+		"AgentInfo":       model.AgentInfo{},
+		"AgentRunRequest": model.AgentRunRequest{},
+		"SyncResult":      model.SyncResult{},
 		"Stats":           model.Stats{},
 		"CreateRequest":   model.CreateRequest{},
 		"ExecRequest":     model.ExecRequest{},

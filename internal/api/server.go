@@ -155,6 +155,11 @@ var routes = []route{
 	{http.MethodPost, "/keys", (*server).createKey, true},
 	{http.MethodGet, "/keys", (*server).listKeys, true},
 	{http.MethodDelete, "/keys/{kid}", (*server).deleteKey, true},
+	{http.MethodGet, "/agents", (*server).listAgents, true},
+	{http.MethodPost, "/agents/{name}/install", (*server).installAgent, true},
+	{http.MethodPost, "/jails/{id}/agent/run", (*server).runAgent, true},
+	{http.MethodPost, "/jails/{id}/agent/session", (*server).agentSession, true},
+	{http.MethodPost, "/jails/{id}/sync", (*server).syncJail, true},
 }
 
 type server struct {
@@ -168,6 +173,8 @@ type server struct {
 	keys *apikey.Store
 	// mounts are handlers served below a path prefix (WithMount).
 	mounts []mount
+	// agents serves the agent routes (nil: 501).
+	agents AgentService
 }
 
 // NewServer returns the API's handler: the routes of the route table over

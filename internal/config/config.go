@@ -18,6 +18,68 @@ type Config struct {
 	Tracing Tracing `json:"tracing"`
 	// Recording selects what terminal session recordings hold.
 	Recording Recording `json:"recording"`
+	// Agent runs an AI agent CLI in the jail (internal/agent expands it
+	// into mounts, environment and network rules at create).
+	Agent *Agent `json:"agent,omitempty"`
+	// Workspace fills the jail's workspace from a git repository and
+	// says how its work goes back (internal/workspace).
+	Workspace *Workspace `json:"workspace,omitempty"`
+}
+
+// Agent is the `agent` section of a jail's config.
+type Agent struct {
+	// Name is the agent CLI: claude, codex, gemini or opencode.
+	Name string `json:"name"`
+	// Version is an installed version of it (default: the newest installed).
+	Version string `json:"version,omitempty"`
+	// Endpoint replaces the model API's origin (a local model server, a
+	// company gateway): http(s)://host[:port][/prefix].
+	Endpoint string `json:"endpoint,omitempty"`
+	// Model is the model the agent asks for (default: the CLI's own).
+	Model string `json:"model,omitempty"`
+	// HomeTemplate is a host directory copied into the agent's home over
+	// the daemon's template (settings, MCP servers, skills).
+	HomeTemplate string `json:"home_template,omitempty"`
+	// Args are added to every run of the agent.
+	Args []string `json:"args,omitempty"`
+}
+
+// Workspace is the `workspace` section of a jail's config.
+type Workspace struct {
+	// Repo is a host git repository (absolute path) or a git URL, cloned
+	// into the jail's workspace. Work syncs back to a host repository only.
+	Repo string `json:"repo"`
+	// Ref is the branch, tag or commit checked out (default: the
+	// repository's HEAD).
+	Ref string `json:"ref,omitempty"`
+	// Sync says when the jail's work goes back to the host repository.
+	Sync Sync `json:"sync"`
+	// Caches mounts the project's package caches (npm, pip, go, cargo),
+	// shared by its jails (default true).
+	Caches *bool `json:"caches,omitempty"`
+	// Commit is the commit the workspace was filled from (set by the daemon).
+	Commit string `json:"commit,omitempty"`
+}
+
+// Sync modes.
+const (
+	SyncManual     = "manual"
+	SyncAutoCommit = "auto-commit"
+	SyncAutoIdle   = "auto-idle"
+)
+
+// Sync configures how a jail's work goes back to the host repository, as
+// branch agentjail/<jail>.
+type Sync struct {
+	// Mode is manual (default: agentjail sync), auto-commit (commit in the
+	// jail every IntervalS seconds and when an agent run ends, then sync)
+	// or auto-idle (sync once the workspace has been quiet for IdleS
+	// seconds after a change).
+	Mode string `json:"mode,omitempty"`
+	// IntervalS is auto-commit's period (default 60).
+	IntervalS int `json:"interval_s,omitempty"`
+	// IdleS is auto-idle's quiet time (default 30).
+	IdleS int `json:"idle_s,omitempty"`
 }
 
 // Tracing modes.

@@ -334,6 +334,7 @@ func (m *Manager) recordNet(jailID string, ce netpolicy.ConnEvent) {
 		Dir: ce.Dir, Proto: ce.Proto, Src: ce.Src, Dst: ce.Dst, Bytes: ce.BytesOut, BytesIn: ce.BytesIn,
 		Via: ce.Via, Host: ce.Host, Verdict: ce.Verdict, Rule: ce.Rule, Method: ce.Method, Path: ce.Path,
 		Status: int32(ce.Status), QType: ce.QType, Answers: ce.Answers, Error: ce.Error,
+		Upstream: ce.Upstream, Credentials: ce.Credentials,
 		FirstTS: ce.Time.UnixNano(), LastTS: ce.Time.Add(time.Duration(ce.DurNS)).UnixNano(),
 	}
 	o.Handle(&ev)

@@ -139,6 +139,10 @@ type Event struct {
 	QType                    string
 	Answers                  []string
 	Error                    string
+	// net, from the network policy: the origin a route sent an HTTP
+	// request to, and the names of the credential headers the proxy added.
+	Upstream    string
+	Credentials []string
 
 	// proc
 	Exe           string
@@ -406,6 +410,17 @@ func (e *Event) appendPolicy(b []byte) []byte {
 				b = append(b, ',')
 			}
 			b = appendString(b, a)
+		}
+		b = append(b, ']')
+	}
+	b = appendOptString(b, "upstream", e.Upstream)
+	if len(e.Credentials) > 0 {
+		b = append(b, `,"credentials":[`...)
+		for i, c := range e.Credentials {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, c)
 		}
 		b = append(b, ']')
 	}
