@@ -19,6 +19,7 @@ import (
 	"github.com/agentjail/agentjail/internal/agent"
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/apikey"
+	"github.com/agentjail/agentjail/internal/console"
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
 	"github.com/agentjail/agentjail/internal/model"
@@ -41,7 +42,8 @@ func newServeCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon",
-		Long: `Run the daemon: the jail manager and its REST API.
+		Long: `Run the daemon: the jail manager, its REST API, and the web console at /
+(log in with the API token).
 
 On first start it writes a random API token to DATA_DIR/api-token (mode 0600).
 Once listening it prints "agentjail: listening on http://HOST:PORT" to stderr
@@ -190,7 +192,10 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	defer e2bSvc.Close()
 	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents),
 		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc))
-	return listenAndServe(ctx, h, addr, dataDir, log, os.Stderr)
+	// The console serves its pages and sessions and hands every API route
+	// to the API's handler.
+	root := console.New(console.Options{API: h, Log: log})
+	return listenAndServe(ctx, root, addr, dataDir, log, os.Stderr)
 }
 
 // listenAndServe serves h on addr until ctx is cancelled. Once listening

@@ -24,7 +24,10 @@ const sseHeartbeat = 15 * time.Second
 // Last-Event-ID; a client that falls behind the ring gets a "notice" event
 // telling how many it missed instead of slowing the jail. With
 // follow=false the stream ends once the events held at the time of the
-// request are sent.
+// request are sent. With history=N (and no Last-Event-ID) the stream
+// first sends the last N events stored in the jail's event files (without
+// ids), then a "history" event with their count, then the live events
+// newer than the last of them.
 func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	var types []string
@@ -51,9 +54,22 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 		}
 		follow = v
 	}
+	histN, err := parseHistory(q.Get("history"))
+	if err != nil {
+		return err
+	}
+	if r.Header.Get("Last-Event-ID") != "" {
+		histN = 0 // a reconnecting client has the history
+	}
 	sub, last, err := s.svc.Events(r.Context(), r.PathValue("id"), after, types)
 	if err != nil {
 		return err
+	}
+	var hist []storedLine
+	if histN > 0 {
+		if hist, err = s.history(r.Context(), r.PathValue("id"), types, histN); err != nil {
+			return err
+		}
 	}
 	rc := http.NewResponseController(w)
 	h := w.Header()
@@ -74,8 +90,28 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 	if flush() != nil {
 		return nil
 	}
-	buf := make([]observe.Event, 0, 256)
 	line := make([]byte, 0, 1024)
+	var histEnd int64 // live events up to this time were in the history
+	if histN > 0 {
+		for _, l := range hist {
+			line = append(line[:0], "event: "...)
+			line = append(line, lineType(l.line)...)
+			line = append(line, "\ndata: "...)
+			line = append(line, l.line...)
+			line = append(line, "\n\n"...)
+			if _, werr := bw.Write(line); werr != nil {
+				return nil
+			}
+			histEnd = l.ts
+		}
+		if _, werr := fmt.Fprintf(bw, "event: history\ndata: {\"type\":\"history\",\"count\":%d}\n\n", len(hist)); werr != nil {
+			return nil
+		}
+		if flush() != nil {
+			return nil
+		}
+	}
+	buf := make([]observe.Event, 0, 256)
 	end := func(msg string) {
 		_, _ = fmt.Fprintf(bw, "event: end\ndata: {\"type\":\"end\",\"message\":%q}\n\n", msg)
 		_ = flush()
@@ -96,6 +132,9 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 		cancel()
 		for i := range evs {
 			ev := &evs[i]
+			if ev.TS <= histEnd && ev.Type != observe.TypeNotice {
+				continue
+			}
 			line = line[:0]
 			line = append(line, "id: "...)
 			line = strconv.AppendUint(line, ev.Seq, 10)
@@ -146,7 +185,11 @@ func (s *server) processes(w http.ResponseWriter, r *http.Request) error {
 
 // fsDiff answers what the jail changed in its root filesystem.
 func (s *server) fsDiff(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.svc.FsDiff(r.Context(), r.PathValue("id"))
+	text, err := textParam(r)
+	if err != nil {
+		return err
+	}
+	d, err := s.svc.FsDiff(r.Context(), r.PathValue("id"), text)
 	if err != nil {
 		return err
 	}

@@ -116,6 +116,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Health":          model.Health{},
 		"Check":           model.Check{},
 		"JailList":        JailList{},
+		"Whoami":          Whoami{},
+		"StatsSample":     StatsSample{},
 		"StopRequest":     StopRequest{},
 		"Error":           ErrorBody{},
 		"Config":          config.Config{},

@@ -82,8 +82,9 @@ type Service interface {
 	Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, uint64, error)
 	// Processes returns the jail's observed process tree.
 	Processes(ctx context.Context, ref string) (*model.ProcessTree, error)
-	// FsDiff lists what the jail changed in its root filesystem.
-	FsDiff(ctx context.Context, ref string) (*model.FsDiff, error)
+	// FsDiff lists what the jail changed in its root filesystem; text adds
+	// unified diffs of changed text files.
+	FsDiff(ctx context.Context, ref string, text bool) (*model.FsDiff, error)
 	// Report returns the whole observation of the jail as one document.
 	Report(ctx context.Context, ref string) (*model.Report, error)
 	// Health reports the daemon's state; it never fails.
@@ -121,6 +122,8 @@ type route struct {
 // routes is the whole API: every route the server registers, in one place.
 var routes = []route{
 	{http.MethodGet, "/health", (*server).health, false},
+	{http.MethodGet, "/whoami", (*server).whoami, true},
+	{http.MethodGet, "/stats", (*server).stats, true},
 	{http.MethodPost, "/jails", (*server).createJail, true},
 	{http.MethodGet, "/jails", (*server).listJails, true},
 	{http.MethodGet, "/jails/{id}", (*server).getJail, true},

@@ -417,7 +417,7 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 			r.Lost["network"] = n
 		}
 	}
-	if d, err := m.FsDiff(ctx, ref); err == nil {
+	if d, err := m.FsDiff(ctx, ref, false); err == nil {
 		r.FsDiff = d
 	}
 	return r, nil
@@ -695,7 +695,7 @@ func (a *aggregate) fill(r *model.Report) {
 
 // FsDiff lists what the jail changed in its root filesystem (its overlay
 // upper against the lower tree).
-func (m *Manager) FsDiff(ctx context.Context, ref string) (*model.FsDiff, error) {
+func (m *Manager) FsDiff(ctx context.Context, ref string, text bool) (*model.FsDiff, error) {
 	e, err := m.lookup(ref)
 	if err != nil {
 		return nil, err
@@ -713,7 +713,7 @@ func (m *Manager) FsDiff(ctx context.Context, ref string) (*model.FsDiff, error)
 	if err := os.MkdirAll(empty, 0o755); err != nil {
 		return nil, err
 	}
-	return snapshot.Diff(ctx, snapshot.Tree{Lower: lower, Upper: empty}, snapshot.Tree{Lower: lower, Upper: upper}, snapshot.SkipInternal, false)
+	return snapshot.Diff(ctx, snapshot.Tree{Lower: lower, Upper: empty}, snapshot.Tree{Lower: lower, Upper: upper}, snapshot.SkipInternal, text)
 }
 
 // validateTracing checks the syscall names of a tracing config.

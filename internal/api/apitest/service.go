@@ -515,8 +515,9 @@ func (s *Service) Processes(_ context.Context, ref string) (*model.ProcessTree, 
 	return t, nil
 }
 
-// FsDiff lists the files written through WriteFile as added.
-func (s *Service) FsDiff(_ context.Context, ref string) (*model.FsDiff, error) {
+// FsDiff lists the files written through WriteFile as added (with text,
+// each with a diff adding its lines).
+func (s *Service) FsDiff(_ context.Context, ref string, text bool) (*model.FsDiff, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.lookup(ref)
@@ -530,7 +531,11 @@ func (s *Service) FsDiff(_ context.Context, ref string) (*model.FsDiff, error) {
 	}
 	sort.Strings(paths)
 	for _, p := range paths {
-		d.Changes = append(d.Changes, model.Change{Path: p, Kind: "added", Type: "file"})
+		c := model.Change{Path: p, Kind: "added", Type: "file", Size: int64(len(fj.files[p].data))}
+		if text {
+			c.Diff = "--- /dev/null\n+++ b" + p + "\n@@ -0,0 +1 @@\n+" + strings.TrimSuffix(string(fj.files[p].data), "\n") + "\n"
+		}
+		d.Changes = append(d.Changes, c)
 		d.Added++
 	}
 	return d, nil
