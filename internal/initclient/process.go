@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"sync"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
@@ -13,12 +12,10 @@ import (
 // Process is one connection attached to a detached command or a terminal
 // session (see initproto's package documentation): the command runs on
 // whether or not anything is attached. Next is for one reader goroutine;
-// the other methods may be called from any goroutine.
+// Close may be called from any goroutine.
 type Process struct {
 	cn      *conn
 	started initproto.Started
-
-	wmu sync.Mutex
 
 	exit    initproto.ExitStatus
 	exited  bool
