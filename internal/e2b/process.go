@@ -71,6 +71,9 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	sb.mu.Lock()
 	sb.rec.Procs[pid] = procMeta{Cmd: cfg.GetCmd(), Args: cfg.GetArgs(), Envs: cfg.GetEnvs(), Cwd: cfg.GetCwd(), Tag: m.GetTag(), PTY: pty != nil}
 	sb.mu.Unlock()
+	// Saved off the request's path: it is for daemon restarts (tags,
+	// configs), and the command's output is already on its way.
+	go s.persist(sb)
 	return follow(ctx, s, req.Header(), proc, pty != nil, func(ev *process.ProcessEvent) error {
 		return st.Send(&process.StartResponse{Event: ev})
 	})

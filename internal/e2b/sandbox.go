@@ -74,8 +74,9 @@ type procMeta struct {
 // sandbox is a live record. op serialises lifecycle operations; mu guards
 // rec and the streams.
 type sandbox struct {
-	op    sync.Mutex
-	mu    sync.Mutex
+	op     sync.Mutex
+	saveMu sync.Mutex // serialises saves of the record
+	mu     sync.Mutex
 	rec   record
 	timer *time.Timer
 	// streams are the sandbox plane's open streams (each holds a
@@ -229,12 +230,17 @@ func (st *store) save(r record) error {
 		return err
 	}
 	p := filepath.Join(st.dir, r.ID+".json")
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+	f, err := os.CreateTemp(st.dir, "."+r.ID+"-*")
+	if err != nil {
 		return fmt.Errorf("e2b: %w", err)
 	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
+	_, werr := f.Write(data)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("e2b: %w", err)
+	}
+	if err := os.Rename(f.Name(), p); err != nil {
+		os.Remove(f.Name())
 		return fmt.Errorf("e2b: %w", err)
 	}
 	return nil
@@ -251,7 +257,14 @@ func (st *store) reportPath(id, jailID string) string {
 }
 
 // persist saves sb's record (errors are logged: the sandbox keeps working).
+// Saves of one sandbox are serialised, each writing the record as it is
+// then, so the last one leaves the newest.
 func (s *Service) persist(sb *sandbox) {
+	sb.saveMu.Lock()
+	defer sb.saveMu.Unlock()
+	if sb.snapshot().State == "killed" {
+		return
+	}
 	if err := s.store.save(sb.snapshot()); err != nil {
 		s.log.Error("saving an e2b sandbox record", "err", err)
 	}
@@ -384,7 +397,9 @@ func (s *Service) kill(ctx context.Context, sb *sandbox) error {
 	s.mu.Lock()
 	delete(s.sandboxes, r.ID)
 	s.mu.Unlock()
+	sb.saveMu.Lock()
 	s.store.remove(r.ID)
+	sb.saveMu.Unlock()
 	return errors.Join(errs...)
 }
 

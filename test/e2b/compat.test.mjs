@@ -187,6 +187,8 @@ test('lifecycle: info, timeout, list, connect', async () => {
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await again.commands.run('echo again')).stdout, 'again\n')
   assert.equal(await sbx.isRunning(), true)
+  const [m] = await sbx.getMetrics()
+  assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed && m.cpuCount >= 1, JSON.stringify(m))
 })
 
 test('pause and resume keep files and processes', async () => {

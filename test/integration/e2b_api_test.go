@@ -243,3 +243,51 @@ func TestE2BPolledWatcherAndStreamInput(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestE2BSurvivesRestart: a sandbox, its token, its detached command and
+// its timeout outlive a daemon restart; the key still works.
+func TestE2BSurvivesRestart(t *testing.T) {
+	d := newDaemon(t)
+	key := e2bKey(t, d)
+	sb := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 120})
+	proc, _ := envdClient(d, sb, sb.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := proc.Start(ctx, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/sleep", Args: []string{"600"}}, Tag: ptr("sleeper"),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() {
+		t.Fatalf("start: %v", st.Err())
+	}
+	pid := st.Msg().GetEvent().GetStart().GetPid()
+	st.Close() // detached: the command keeps running
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.restart(); err != nil {
+		t.Fatal(err)
+	}
+	if s := e2bState(t, d, key, sb.SandboxID); s != "running" {
+		t.Fatalf("after the restart the sandbox is %q", s)
+	}
+	proc, _ = envdClient(d, sb, sb.EnvdAccessToken)
+	list, err := proc.List(ctx, connect.NewRequest(&process.ListRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range list.Msg.GetProcesses() {
+		found = found || (p.GetPid() == pid && p.GetTag() == "sleeper" && p.GetConfig().GetCmd() == "/bin/sleep")
+	}
+	if !found {
+		t.Fatalf("the detached command %d (tag sleeper) is gone after the restart: %v", pid, list.Msg.GetProcesses())
+	}
+	if _, err := proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{
+		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Tag{Tag: "sleeper"}}, Signal: process.Signal_SIGNAL_SIGKILL,
+	})); err != nil {
+		t.Fatal(err)
+	}
+}
