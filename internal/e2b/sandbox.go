@@ -77,8 +77,8 @@ type sandbox struct {
 	op     sync.Mutex
 	saveMu sync.Mutex // serialises saves of the record
 	mu     sync.Mutex
-	rec   record
-	timer *time.Timer
+	rec    record
+	timer  *time.Timer
 	// streams are the sandbox plane's open streams (each holds a
 	// connection to the jail's init); a pause or kill ends them first.
 	streams map[*stream]struct{}
