@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"unicode"
+
+	"github.com/agentjail/agentjail/internal/apikey"
 )
 
 // TokenFile is the name of the token file inside the data directory.
@@ -98,39 +100,57 @@ func ReadToken(path string) (string, error) {
 	return tok, nil
 }
 
-// authorized reports whether r carries the bearer token. The comparison
-// takes the same time wherever the tokens differ. The terminal WebSocket
-// also takes the token or a ticket in its query (see terminalAuthorized).
+// authorized reports whether r carries the bearer token or, except on
+// the /keys routes (managed with the token alone), an API key of role
+// admin, which may do everything the token may. Keys of other roles are
+// scoped to their tenant, which only the E2B surface knows: the REST API
+// refuses them. The comparison with the token takes the same time
+// wherever they differ. The terminal WebSocket also takes the token or a
+// ticket in its query (see queryAuthorized).
 func (s *server) authorized(r *http.Request) bool {
 	if r.Pattern == terminalPattern && s.queryAuthorized(r) {
 		return true
 	}
-	return s.headerAuthorized(r)
+	_, ok := s.caller(r)
+	return ok
 }
 
-// headerAuthorized reports whether r carries the bearer token in its
-// Authorization header.
-func (s *server) headerAuthorized(r *http.Request) bool {
+// caller describes who r's bearer credential belongs to.
+func (s *server) caller(r *http.Request) (Whoami, bool) {
 	h := r.Header.Get("Authorization")
 	scheme, tok, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || s.token == "" {
-		return false
+		return Whoami{}, false
 	}
 	tok = strings.TrimSpace(tok)
-	return subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1 {
+		return Whoami{Kind: "token", Role: string(apikey.RoleAdmin)}, true
+	}
+	if s.keys == nil || strings.HasPrefix(r.Pattern, "POST /keys") || strings.HasPrefix(r.Pattern, "GET /keys") || strings.HasPrefix(r.Pattern, "DELETE /keys") {
+		return Whoami{}, false
+	}
+	k, err := s.keys.Verify(tok)
+	if err != nil || k.Role != apikey.RoleAdmin {
+		return Whoami{}, false
+	}
+	return Whoami{Kind: "key", Role: string(k.Role), KeyID: k.ID, KeyName: k.Name, Tenant: k.Tenant}, true
 }
 
 // Whoami is the answer of GET /whoami: who the request's credential
 // belongs to.
 type Whoami struct {
-	// Kind is "token" for the daemon's API token.
+	// Kind is "token" for the daemon's API token, "key" for an API key.
 	Kind string `json:"kind"`
-	// Role is what the credential may do: "admin" (everything) for the
-	// API token.
+	// Role is what the credential may do: "admin" (everything).
 	Role string `json:"role"`
+	// KeyID, KeyName and Tenant describe an API key.
+	KeyID   string `json:"key_id,omitempty"`
+	KeyName string `json:"key_name,omitempty"`
+	Tenant  string `json:"tenant,omitempty"`
 }
 
 func (s *server) whoami(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, Whoami{Kind: "token", Role: "admin"})
+	who, _ := s.caller(r)
+	writeJSON(w, http.StatusOK, who)
 	return nil
 }

@@ -250,7 +250,7 @@ func (s *server) wrap(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rt.auth && !s.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="agentjail"`)
-			writeErrorBody(w, http.StatusUnauthorized, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>; the token is in DATA_DIR/api-token)")
+			writeErrorBody(w, http.StatusUnauthorized, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>: the token in DATA_DIR/api-token, or an admin API key)")
 			return
 		}
 		if err := rt.handler(s, w, r); err != nil {
