@@ -15,7 +15,6 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,6 +31,9 @@ const envdPort = "49983"
 // maxUpload bounds one uploaded file.
 const maxUpload = 1 << 30
 
+// maxRPCMessage bounds one RPC message (stdin input comes in them).
+const maxRPCMessage = 16 << 20
+
 type ctxKey struct{}
 
 // sandboxFrom returns the sandbox a sandbox-plane request was routed to.
@@ -44,7 +46,7 @@ func sandboxFrom(ctx context.Context) *sandbox {
 // token, and the services.
 func (s *Service) envdHandler() http.Handler {
 	mux := http.NewServeMux()
-	opts := []connect.HandlerOption{connect.WithCompressMinBytes(1024)}
+	opts := []connect.HandlerOption{connect.WithCompressMinBytes(1024), connect.WithReadMaxBytes(maxRPCMessage)}
 	mux.Handle(processconnect.NewProcessHandler(&processService{s: s}, opts...))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
@@ -322,15 +324,15 @@ func (s *Service) resolvePath(ctx context.Context, sb *sandbox, p, user string) 
 	return path.Join(home, p), nil
 }
 
-// homes caches users' home directories by sandbox jail and user.
-var homes sync.Map
-
-// home is user's home directory in the sandbox (the default user's for "").
+// home is user's home directory in the sandbox (the default user's for
+// ""), asked of the jail once per jail and user.
 func (s *Service) home(ctx context.Context, sb *sandbox, user string) (string, error) {
 	jail := sb.snapshot().JailID
-	key := jail + "\x00" + user
-	if h, ok := homes.Load(key); ok {
-		return h.(string), nil
+	sb.mu.Lock()
+	h, ok := sb.homes[jail+"\x00"+user]
+	sb.mu.Unlock()
+	if ok {
+		return h, nil
 	}
 	res, err := s.jails.Exec(ctx, jail, model.ExecRequest{Cmd: []string{"/bin/sh", "-c", `printf %s "$HOME"`}, User: user, Cwd: "/", TimeoutMs: 10000}, nil)
 	if err != nil {
@@ -342,9 +344,16 @@ func (s *Service) home(ctx context.Context, sb *sandbox, user string) (string, e
 	if res.ExitCode != 0 || !strings.HasPrefix(res.Stdout, "/") {
 		return "", fmt.Errorf("home directory of %q: %q (exit %d)", user, res.Stdout, res.ExitCode)
 	}
-	homes.Store(key, res.Stdout)
+	sb.mu.Lock()
+	if len(sb.homes) < maxHomes {
+		sb.homes[jail+"\x00"+user] = res.Stdout
+	}
+	sb.mu.Unlock()
 	return res.Stdout, nil
 }
+
+// maxHomes bounds the home directories a sandbox remembers.
+const maxHomes = 64
 
 // basicUser is the user named by a request's Basic authorization (the
 // SDK sends "Basic base64(user:)"), or "".

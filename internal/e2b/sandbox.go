@@ -82,13 +82,15 @@ type sandbox struct {
 	// streams are the sandbox plane's open streams (each holds a
 	// connection to the jail's init); a pause or kill ends them first.
 	streams map[*stream]struct{}
+	// homes are users' home directories, by jail and user (see home).
+	homes map[string]string
 }
 
 func newSandbox(r record) *sandbox {
 	if r.Procs == nil {
 		r.Procs = map[uint32]procMeta{}
 	}
-	return &sandbox{rec: r, streams: map[*stream]struct{}{}}
+	return &sandbox{rec: r, streams: map[*stream]struct{}{}, homes: map[string]string{}}
 }
 
 func (sb *sandbox) snapshot() record {

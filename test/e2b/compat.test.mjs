@@ -128,6 +128,12 @@ test('files', async () => {
   assert.equal(await sbx.files.exists(`${dir}/made/moved.txt`), false)
   await sbx.files.remove(`${dir}/never-was`) // like rm -rf: no error
   await assert.rejects(sbx.files.read(`${dir}/missing`), FileNotFoundError)
+
+  // Relative paths are the user's home, as on E2B.
+  await sbx.files.write(`rel-${sbx.sandboxId}.txt`, 'in home')
+  assert.equal((await sbx.commands.run(`cat "$HOME/rel-${sbx.sandboxId}.txt"`)).stdout, 'in home')
+  assert.equal(await sbx.files.read(`~/rel-${sbx.sandboxId}.txt`), 'in home')
+  await sbx.files.remove(`rel-${sbx.sandboxId}.txt`)
 })
 
 test('watch a directory', async () => {
@@ -193,8 +199,10 @@ test('lifecycle: info, timeout, list, connect', async () => {
 
 test('pause and resume keep files and processes', async () => {
   await sbx.files.write(`${dir}/kept.txt`, 'kept across pause\n')
-  const bg = await sbx.commands.run(`sh -c 'i=0; while :; do i=$((i+1)); echo $i > ${dir}/count; sleep 0.1; done'`, { background: true, timeoutMs: 0 })
-  await until('the counter to count', async () => (await sbx.commands.run(`cat ${dir}/count`)).stdout.trim() !== '')
+  // The counter replaces its file atomically, so a read never sees it empty.
+  const bg = await sbx.commands.run(`sh -c 'i=0; while :; do i=$((i+1)); echo $i > ${dir}/count.new; mv ${dir}/count.new ${dir}/count; sleep 0.1; done'`, { background: true, timeoutMs: 0 })
+  const count = async () => Number((await sbx.commands.run(`cat ${dir}/count 2>/dev/null || echo 0`)).stdout)
+  await until('the counter to count', async () => (await count()) > 0)
   await bg.disconnect()
   assert.equal(await sbx.pause(), true)
   assert.equal(await sbx.pause(), false)
@@ -204,8 +212,9 @@ test('pause and resume keep files and processes', async () => {
   assert.equal((await sbx.getInfo()).state, 'running')
   assert.equal(await sbx.files.read(`${dir}/kept.txt`), 'kept across pause\n')
   assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid), 'the background process survived')
-  const before = Number((await sbx.commands.run(`cat ${dir}/count`)).stdout)
-  await until('the counter to go on', async () => Number((await sbx.commands.run(`cat ${dir}/count`)).stdout) > before)
+  const before = await count()
+  assert.ok(before > 0, 'the counter kept its value')
+  await until('the counter to go on', async () => (await count()) > before)
   assert.equal(await sbx.commands.kill(bg.pid), true)
 })
 
