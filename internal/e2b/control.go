@@ -130,7 +130,7 @@ func timeoutOf(sec *int64, def time.Duration) (time.Duration, error) {
 	if sec == nil {
 		return def, nil
 	}
-	if *sec < 0 || time.Duration(*sec)*time.Second > maxTimeout {
+	if *sec < 0 || *sec > int64(maxTimeout/time.Second) {
 		return 0, errdefs.Invalidf("timeout: %d s must be between 0 and %d s", *sec, int64(maxTimeout/time.Second))
 	}
 	return time.Duration(*sec) * time.Second, nil
@@ -205,7 +205,10 @@ func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) 
 // listSandboxes serves GET /v2/sandboxes: filtered by metadata, state and
 // template, oldest first, paginated by x-next-token.
 func (s *Service) listSandboxes(c caller, w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return errdefs.Invalidf("query: %v", err)
+	}
 	var want url.Values
 	if m := q.Get("metadata"); m != "" {
 		v, err := url.ParseQuery(m)

@@ -337,7 +337,7 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	j, err := s.jails.Create(ctx, model.CreateRequest{Name: jailName(id, 1), Config: cfg})
 	if err != nil {
 		if errors.Is(err, errdefs.ErrUnprocessable) && spec.template != "" && spec.template != defaultTemplate {
-			return nil, errdefs.Wrap(errdefs.ErrNotFound, err, "template %q", spec.template)
+			return nil, errdefs.NotFoundf("template %q: %v", spec.template, err)
 		}
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,6 +129,35 @@ func TestE2BTenantsAndRoles(t *testing.T) {
 	if r := e2bCall(t, d, "aj_000000000000_"+"x", "GET", "/v2/sandboxes", nil); r.status != http.StatusUnauthorized || !json.Valid(r.body) {
 		t.Errorf("a malformed key: %s", r)
 	}
+	// Bad input: precise 4xx with the body the SDK reads, nothing made.
+	for _, c := range []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"POST", "/v2/sandboxes", "{", http.StatusBadRequest},
+		{"POST", "/v2/sandboxes", map[string]any{"timeout": -1}, http.StatusBadRequest},
+		{"POST", "/v2/sandboxes", map[string]any{"timeout": 1 << 40}, http.StatusBadRequest},
+		{"POST", "/v2/sandboxes", map[string]any{"templateID": "no/such:template"}, http.StatusNotFound},
+		{"GET", "/v2/sandboxes?limit=0", nil, http.StatusBadRequest},
+		{"GET", "/v2/sandboxes?metadata=%zz", nil, http.StatusBadRequest},
+		{"GET", "/sandboxes/nosuchsandbox", nil, http.StatusNotFound},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/fork", map[string]any{"count": 99}, http.StatusBadRequest},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/timeout", map[string]any{}, http.StatusBadRequest},
+		{"PUT", "/sandboxes/" + sb.SandboxID + "/network", map[string]any{}, http.StatusNotImplemented},
+	} {
+		r := e2bCall(t, d, a, c.method, c.path, c.body)
+		var body struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		if r.status != c.want || json.Unmarshal(r.body, &body) != nil || body.Code != c.want || body.Message == "" {
+			t.Errorf("%s %s: want %d with {code, message}, got %s", c.method, c.path, c.want, r)
+		}
+	}
+	if r := e2bCall(t, d, a, "GET", "/v2/sandboxes", nil); json.Unmarshal(r.body, &list) != nil || len(list) != 1 {
+		t.Errorf("after the bad creates tenant a lists %s", r)
+	}
 }
 
 // headerTransport adds the sandbox plane's routing and token headers.
@@ -230,6 +260,11 @@ func TestE2BPolledWatcherAndStreamInput(t *testing.T) {
 	r, err := d.api.send("GET", "/e2b/envd/files?path=/tmp/polled/in.txt", nil, "E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", sb.EnvdAccessToken)
 	if err != nil || r.status != http.StatusOK || string(r.body) != "streamed\n" {
 		t.Fatalf("download: %v %v", r, err)
+	}
+	// The command shows in the sandbox's live events (an extension).
+	ev, err := d.api.send("GET", "/e2b/sandboxes/"+sb.SandboxID+"/events?type=proc&follow=false", nil, "X-API-KEY", key)
+	if err != nil || ev.status != http.StatusOK || !strings.Contains(string(ev.body), "/tmp/polled/in.txt") {
+		t.Fatalf("events: %v %v", ev, err)
 	}
 	// A wrong token is 401, an unknown sandbox 502 (E2B's edge answer).
 	_, badFS := envdClient(d, sb, "wrong")
