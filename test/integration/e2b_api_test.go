@@ -326,3 +326,52 @@ func TestE2BSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestE2BKeepaliveAndLifetime: an idle stream gets keepalives at the
+// client's Keepalive-Ping-Interval, and Connect-Timeout-Ms is the
+// command's lifetime: the stream ends deadline_exceeded and the command
+// is killed, not left running.
+func TestE2BKeepaliveAndLifetime(t *testing.T) {
+	d := shared(t)
+	key := e2bKey(t, d)
+	sb := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 120})
+	proc, _ := envdClient(d, sb, sb.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/sleep", Args: []string{"600"}}})
+	req.Header().Set("Keepalive-Ping-Interval", "1")
+	sctx, scancel := context.WithTimeout(ctx, 2500*time.Millisecond) // sent as Connect-Timeout-Ms
+	defer scancel()
+	st, err := proc.Start(sctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var pid uint32
+	keepalives := 0
+	for st.Receive() {
+		switch ev := st.Msg().GetEvent(); {
+		case ev.GetStart() != nil:
+			pid = ev.GetStart().GetPid()
+		case ev.GetKeepalive() != nil:
+			keepalives++
+		}
+	}
+	if keepalives < 1 || connect.CodeOf(st.Err()) != connect.CodeDeadlineExceeded {
+		t.Fatalf("%d keepalives, end %v", keepalives, st.Err())
+	}
+	if err := waitFor(10*time.Second, func() error {
+		list, err := proc.List(ctx, connect.NewRequest(&process.ListRequest{}))
+		if err != nil {
+			return err
+		}
+		for _, p := range list.Msg.GetProcesses() {
+			if p.GetPid() == pid {
+				return fmt.Errorf("pid %d still runs past its lifetime", pid)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
