@@ -332,9 +332,16 @@ type createSpec struct {
 // create makes a sandbox for c.
 func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandbox, error) {
 	id := newSandboxID()
-	cfg := templateConfig(spec.template)
-	cfg.Env = spec.envVars
-	j, err := s.jails.Create(ctx, model.CreateRequest{Name: jailName(id, 1), Config: cfg})
+	var j *model.Jail
+	var err error
+	if sid := s.ownSnapshot(ctx, c, spec.template); sid != "" {
+		// A snapshot made by createSnapshot: its files and processes.
+		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
+	} else {
+		cfg := templateConfig(spec.template)
+		cfg.Env = spec.envVars
+		j, err = s.jails.Create(ctx, model.CreateRequest{Name: jailName(id, 1), Config: cfg})
+	}
 	if err != nil {
 		if errors.Is(err, errdefs.ErrUnprocessable) && spec.template != "" && spec.template != defaultTemplate {
 			return nil, errdefs.NotFoundf("template %q: %v", spec.template, err)
@@ -363,6 +370,24 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	s.mu.Unlock()
 	s.arm(sb)
 	return sb, nil
+}
+
+// ownSnapshot returns template when it is the id of a snapshot of one of
+// the sandboxes c sees (made by createSnapshot), else "".
+func (s *Service) ownSnapshot(ctx context.Context, c caller, template string) string {
+	if template == "" || template == defaultTemplate {
+		return ""
+	}
+	snaps, err := s.jails.ListSnapshots(ctx, "")
+	if err != nil {
+		return ""
+	}
+	for _, sn := range snaps {
+		if sn.ID == template && s.ownsJail(c, sn.JailID) {
+			return sn.ID
+		}
+	}
+	return ""
 }
 
 // cpuCount is the CPUs a jail may use (its quota, else the host's).

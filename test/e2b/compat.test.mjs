@@ -233,6 +233,14 @@ test('fork: branch a running sandbox two ways (extension)', async () => {
     assert.equal(await forks[1].files.exists('/tmp/only-in-fork.txt'), false)
     assert.equal(await src.files.exists('/tmp/only-in-fork.txt'), false)
     for (const f of forks) assert.equal(await f.kill(), true)
+
+    // A snapshot is a template for new sandboxes.
+    const snap = await src.createSnapshot()
+    const fromSnap = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000 })
+    assert.equal(await fromSnap.files.read('/tmp/before-fork.txt'), 'shared')
+    assert.equal(await fromSnap.kill(), true)
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
   } finally {
     await src.kill()
   }
