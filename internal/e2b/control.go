@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -248,9 +249,22 @@ func (s *Service) listSandboxes(c caller, w http.ResponseWriter, r *http.Request
 		return recs[i].StartedAt.Before(recs[j].StartedAt)
 	})
 	out := []map[string]any{}
-	next := q.Get("nextToken")
+	var afterAt time.Time
+	afterID := ""
+	if tok := q.Get("nextToken"); tok != "" {
+		ns, id, ok := strings.Cut(tok, "_")
+		n, err := strconv.ParseInt(ns, 10, 64)
+		if !ok || err != nil {
+			return errdefs.Invalidf("nextToken: %q is not a token this API gave", tok)
+		}
+		afterAt, afterID = time.Unix(0, n).UTC(), id
+	}
 	more := ""
+	var last record
 	for _, rec := range recs {
+		if afterID != "" && (rec.StartedAt.Before(afterAt) || (rec.StartedAt.Equal(afterAt) && rec.ID <= afterID)) {
+			continue
+		}
 		if rec.State != stateRunning && rec.State != statePaused {
 			continue
 		}
@@ -263,35 +277,18 @@ func (s *Service) listSandboxes(c caller, w http.ResponseWriter, r *http.Request
 		if !matches(rec.Metadata, want) {
 			continue
 		}
-		if next != "" && rec.ID <= next && !after(recs, rec.ID, next) {
-			continue
-		}
 		if len(out) == limit {
-			more = out[len(out)-1]["sandboxID"].(string)
+			more = fmt.Sprintf("%d_%s", last.StartedAt.UnixNano(), last.ID)
 			break
 		}
 		out = append(out, detailJSON(rec))
+		last = rec
 	}
 	if more != "" {
 		w.Header().Set("X-Next-Token", more)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
-}
-
-// after reports whether id comes after the sandbox named by token in recs.
-func after(recs []record, id, token string) bool {
-	seen := false
-	for _, r := range recs {
-		if r.ID == token {
-			seen = true
-			continue
-		}
-		if r.ID == id {
-			return seen
-		}
-	}
-	return false
 }
 
 func matches(meta map[string]string, want url.Values) bool {

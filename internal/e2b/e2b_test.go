@@ -1,14 +1,21 @@
 package e2b
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
 )
@@ -105,3 +112,52 @@ func TestRPCCodes(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestListPages: pages follow x-next-token in start order, filters apply.
+func TestListPages(t *testing.T) {
+	s := &Service{log: discard(), sandboxes: map[string]*sandbox{}}
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 5 {
+		r := record{ID: fmt.Sprintf("sb%d", i), Tenant: "t", State: stateRunning, StartedAt: base.Add(time.Duration(i%3) * time.Second),
+			Metadata: map[string]string{"odd": strconv.FormatBool(i%2 == 1)}}
+		s.sandboxes[r.ID] = newSandbox(r)
+	}
+	s.sandboxes["other"] = newSandbox(record{ID: "other", Tenant: "u", State: stateRunning})
+	c := caller{key: apikey.Key{Tenant: "t", Role: apikey.RoleUser}}
+	page := func(query string) ([]string, string) {
+		w := httptest.NewRecorder()
+		if err := s.listSandboxes(c, w, httptest.NewRequest("GET", "/v2/sandboxes?"+query, nil)); err != nil {
+			t.Fatal(err)
+		}
+		var out []struct {
+			ID string `json:"sandboxID"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+			t.Fatal(err)
+		}
+		ids := []string{}
+		for _, o := range out {
+			ids = append(ids, o.ID)
+		}
+		return ids, w.Header().Get("X-Next-Token")
+	}
+	var all []string
+	tok := ""
+	for range 10 {
+		ids, next := page("limit=2&nextToken=" + url.QueryEscape(tok))
+		all = append(all, ids...)
+		if next == "" {
+			break
+		}
+		tok = next
+	}
+	if want := []string{"sb0", "sb3", "sb1", "sb4", "sb2"}; !slices.Equal(all, want) {
+		t.Fatalf("pages: %v, want %v", all, want)
+	}
+	if ids, _ := page("metadata=" + url.QueryEscape("odd=true")); !slices.Equal(ids, []string{"sb3", "sb1"}) {
+		t.Fatalf("metadata filter: %v", ids)
+	}
+	if ids, _ := page("state=paused"); len(ids) != 0 {
+		t.Fatalf("state filter: %v", ids)
+	}
+}
