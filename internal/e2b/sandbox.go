@@ -409,12 +409,17 @@ func (s *Service) kill(ctx context.Context, sb *sandbox) error {
 	sb.mu.Unlock()
 	sb.stopTimer()
 	sb.endStreams()
-	var errs []error
 	if r.State == stateRunning {
 		if err := s.jails.Destroy(ctx, r.JailID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			errs = append(errs, err)
+			// The sandbox stays, as it was, for another try.
+			sb.mu.Lock()
+			sb.rec.State = r.State
+			sb.mu.Unlock()
+			s.arm(sb)
+			return err
 		}
 	}
+	var errs []error
 	if r.PauseSnapshot != "" {
 		if err := s.jails.DeleteSnapshot(ctx, r.PauseSnapshot); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			errs = append(errs, err)
@@ -457,7 +462,14 @@ func (s *Service) pause(ctx context.Context, sb *sandbox) error {
 	}
 	s.keepReport(ctx, r.ID, r.JailID)
 	if err := s.jails.Destroy(ctx, r.JailID); err != nil {
-		s.log.Error("destroying a paused e2b sandbox's jail", "jail", r.JailID, "err", err)
+		// The jail still holds its resources: the sandbox stays running.
+		if derr := s.jails.DeleteSnapshot(context.WithoutCancel(ctx), snap.ID); derr != nil {
+			s.log.Error("deleting the snapshot of a failed pause", "snapshot", snap.ID, "err", derr)
+		}
+		sb.mu.Lock()
+		sb.rec.State = stateRunning
+		sb.mu.Unlock()
+		return err
 	}
 	sb.mu.Lock()
 	sb.rec.State, sb.rec.PauseSnapshot = statePaused, snap.ID
@@ -575,15 +587,18 @@ func (s *Service) fork(ctx context.Context, c caller, sb *sandbox, count int, ti
 		ids[i] = newSandboxID()
 	}
 	out := make([]*sandbox, 0, count)
+	fail := func(err error) ([]*sandbox, error) {
+		for _, f := range out {
+			if kerr := s.kill(context.WithoutCancel(ctx), f); kerr != nil {
+				s.log.Error("killing a fork after a failed fork", "sandbox", f.rec.ID, "err", kerr)
+			}
+		}
+		return nil, err
+	}
 	for _, id := range ids {
 		j, err := s.jails.Restore(ctx, snap.ID, jailName(id, 1))
 		if err != nil {
-			for _, f := range out {
-				if kerr := s.kill(context.WithoutCancel(ctx), f); kerr != nil {
-					s.log.Error("killing a fork after a failed fork", "sandbox", f.rec.ID, "err", kerr)
-				}
-			}
-			return nil, err
+			return fail(err)
 		}
 		now := time.Now().UTC()
 		fr := r
@@ -595,8 +610,10 @@ func (s *Service) fork(ctx context.Context, c caller, sb *sandbox, count int, ti
 		}
 		f := newSandbox(fr)
 		if err := s.store.save(fr); err != nil {
-			_ = s.jails.Destroy(context.WithoutCancel(ctx), j.ID)
-			return nil, err
+			if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
+				s.log.Error("destroying a fork's jail after a failed fork", "jail", j.ID, "err", derr)
+			}
+			return fail(err)
 		}
 		s.mu.Lock()
 		s.sandboxes[id] = f
