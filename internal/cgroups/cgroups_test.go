@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // helperEnv makes the test binary act as a memory hog: it prints "ready",
@@ -49,18 +50,6 @@ func hog() {
 	in.ReadString('\n')
 	grow(1024)
 	fmt.Println("survived", len(keep))
-}
-
-// requireRoot skips (fails under CI=true) when not running as root.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("test needs root")
-	}
-	t.Skip("test needs root")
 }
 
 // testCgroup creates path in the hierarchies of memory, pids and CPU
@@ -106,7 +95,7 @@ func write(t *testing.T, dir, file, val string) {
 func TestModeMatchesMounts(t *testing.T) {
 	var st unix.Statfs_t
 	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
-		t.Skip("no /sys/fs/cgroup")
+		testenv.Need(t, "/sys/fs/cgroup")
 	}
 	want := "v1"
 	if st.Type == unix.CGROUP2_SUPER_MAGIC {
@@ -121,7 +110,7 @@ func TestModeMatchesMounts(t *testing.T) {
 }
 
 func TestReadLimitsAndOOM(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	path := fmt.Sprintf("/agentjail-test-%d", os.Getpid())
 	dirs := testCgroup(t, path)
 	const memLimit = 48 << 20
@@ -242,7 +231,7 @@ func TestReadLimitsAndOOM(t *testing.T) {
 }
 
 func TestRemoveNested(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	path := fmt.Sprintf("/agentjail-test-nested-%d", os.Getpid())
 	dirs := testCgroup(t, path)
 	for _, d := range dirs {
@@ -262,7 +251,7 @@ func TestRemoveNested(t *testing.T) {
 }
 
 func TestUnlimitedIsReported(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	path := fmt.Sprintf("/agentjail-test-unlimited-%d", os.Getpid())
 	testCgroup(t, path)
 	s, err := Read(path)

@@ -18,21 +18,12 @@ import (
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image/imagetest"
 	"github.com/agentjail/agentjail/internal/storage"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
-
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (CI=true)")
-		}
-		t.Skip("needs root")
-	}
-}
 
 func newStore(t testing.TB, reg *imagetest.Registry) *Store {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	opts := Options{Dir: filepath.Join(t.TempDir(), "images")}
 	if reg != nil {
 		opts.Registries.Insecure = []string{reg.Host}

@@ -18,6 +18,7 @@ import (
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // run execs a command and returns stdout, stderr and the status.
@@ -395,7 +396,7 @@ func TestExecLeftoversLinger(t *testing.T) {
 }
 
 func TestUnavailableAndLongSocketPath(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	err := initclient.New(filepath.Join(t.TempDir(), "missing.sock")).Ping(context.Background())
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("missing socket: %v", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initd"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // TestMain lets the test binary serve as the shim: the server re-runs
@@ -23,18 +24,6 @@ func TestMain(m *testing.M) {
 		os.Exit(initd.Main(os.Args[2:]))
 	}
 	os.Exit(m.Run())
-}
-
-// requireRoot skips (or fails under CI=true) without root.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("this test needs root")
-	}
-	t.Skip("this test needs root")
 }
 
 // testEnv is a server on a temporary root with a client.
@@ -61,7 +50,7 @@ const (
 // group extra 5555). blocked are the jail's blocked paths.
 func newEnv(t testing.TB, blocked ...string) *testEnv {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	// Let unprivileged test users reach the workspace.
 	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {

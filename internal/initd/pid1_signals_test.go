@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // pid1 is a built init running as PID 1 of a new pid and mount namespace.
@@ -31,8 +32,8 @@ type pid1 struct {
 // is ready; the namespace is killed when the test ends.
 func startPID1(t *testing.T) *pid1 {
 	t.Helper()
-	requireRoot(t)
-	unshare := requireTool(t, "unshare")
+	testenv.RequireRoot(t)
+	unshare := testenv.RequireTool(t, "unshare")
 	bin := buildInit(t)
 	dir := t.TempDir()
 	p := &pid1{ctl: filepath.Join(dir, "run"), exited: make(chan struct{}), stderr: filepath.Join(dir, "stderr")}

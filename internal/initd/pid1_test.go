@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // dialEnv makes the test binary, run inside the jail, connect to the
@@ -48,30 +49,6 @@ func dialAndPrint(sock string) int {
 	}
 	fmt.Printf("%s %s\n", t, p)
 	return 0
-}
-
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("this test needs root")
-	}
-	t.Skip("this test needs root")
-}
-
-func requireTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err == nil {
-		return p
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("this test needs %s", name)
-	}
-	t.Skipf("this test needs %s", name)
-	return ""
 }
 
 // buildInit builds a binary around initd.Main.
@@ -167,8 +144,8 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 
 // TestPID1 runs the built init as PID 1 of a new pid and mount namespace.
 func TestPID1(t *testing.T) {
-	requireRoot(t)
-	unshare := requireTool(t, "unshare")
+	testenv.RequireRoot(t)
+	unshare := testenv.RequireTool(t, "unshare")
 	bin := buildInit(t)
 	dir := t.TempDir()
 	ctl := filepath.Join(dir, "run")
@@ -357,7 +334,7 @@ func TestPID1(t *testing.T) {
 // TestStartFailure checks that a start error goes to the original stderr
 // with a non-zero exit.
 func TestStartFailure(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	bin := buildInit(t)
 	cmd := exec.Command(bin, "init", "--control-dir", t.TempDir())
 	var stdout, stderr strings.Builder

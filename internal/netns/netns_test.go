@@ -16,19 +16,8 @@ import (
 	vnetns "github.com/vishvananda/netns"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
-
-// requireRoot skips (fails under CI=true) when not running as root.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("test needs root")
-	}
-	t.Skip("test needs root")
-}
 
 // inNS runs fn on a locked thread moved into ns; the thread is discarded.
 func inNS(t *testing.T, ns vnetns.NsHandle, fn func() error) error {
@@ -55,7 +44,7 @@ func mountedAt(t *testing.T, path string) bool {
 }
 
 func TestCreate(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	path := filepath.Join(t.TempDir(), "run", "netns", "a")
 
 	runtime.LockOSThread()
@@ -159,7 +148,7 @@ func TestCreate(t *testing.T) {
 }
 
 func TestCreateConcurrent(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	const n = 20
 	var wg sync.WaitGroup
@@ -187,7 +176,7 @@ func TestCreateConcurrent(t *testing.T) {
 }
 
 func TestCreateFailureLeavesNothing(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	// The parent is a file: nothing can be made there.
 	file := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {

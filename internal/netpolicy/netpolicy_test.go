@@ -28,6 +28,7 @@ import (
 	"time"
 
 	jailnetns "github.com/agentjail/agentjail/internal/netns"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // The test network: a namespace "internet" reached from the host over a
@@ -67,13 +68,7 @@ func needRoot(t testing.TB) {
 			missing += " " + tool
 		}
 	}
-	if missing == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("needs %s", missing)
-	}
-	t.Skipf("needs %s", missing)
+	testenv.Need(t, strings.TrimSpace(missing))
 }
 
 type mapResolver map[string][]netip.Addr

@@ -13,22 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
-// requireRoot skips (fails under CI=true) when not running as root.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("test needs root")
-	}
-	t.Skip("test needs root")
-}
-
 func TestEnsureHostLayout(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	dataDir := t.TempDir()
 	tree, err := EnsureHost(dataDir)
 	if err != nil {
@@ -100,7 +89,7 @@ func TestEnsureHostLayout(t *testing.T) {
 }
 
 func TestHostTreeHasNoSecrets(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	dataDir := t.TempDir()
 	tree, err := EnsureHost(dataDir)
 	if err != nil {
@@ -159,7 +148,7 @@ func TestHostTreeHasNoSecrets(t *testing.T) {
 // TestHostTreeRunsTools overlays the host's /usr on the tree (as a jail
 // would see it) and runs sh, git and python3 chrooted in it.
 func TestHostTreeRunsTools(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	dataDir := t.TempDir()
 	tree, err := EnsureHost(dataDir)
 	if err != nil {
@@ -188,7 +177,7 @@ func TestHostTreeRunsTools(t *testing.T) {
 		{"users", []string{"/bin/sh", "-c", "id -un 1000; getent hosts localhost"}, "agent"},
 	} {
 		if _, err := os.Stat(filepath.Join("/usr", strings.TrimPrefix(c.args[0], "/usr"))); err != nil {
-			if os.Getenv("CI") == "true" {
+			if testenv.CI() {
 				t.Fatalf("%s: %v", c.name, err)
 			}
 			t.Logf("skipping %s: not on this host", c.name)

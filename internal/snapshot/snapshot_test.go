@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 func TestUnified(t *testing.T) {
@@ -33,10 +35,7 @@ func write(t *testing.T, p, data string) {
 // opaque directories, additions and modifications.
 func TestDiffOverlayRules(t *testing.T) {
 	if os.Getuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root (whiteouts are 0/0 character devices)")
-		}
-		t.Skip("needs root")
+		testenv.Need(t, "root (whiteouts are 0/0 character devices)")
 	}
 	root := t.TempDir()
 	lower, ua, ub := filepath.Join(root, "lower"), filepath.Join(root, "a"), filepath.Join(root, "b")

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // seqText is `seq from to` with a prefix on every line.
@@ -24,9 +26,7 @@ func seqText(prefix string, from, to int) string {
 // TestUnifiedPatches checks random edits both ways with patch(1): the
 // unified diff of a → b applied to a gives b.
 func TestUnifiedPatches(t *testing.T) {
-	if _, err := exec.LookPath("patch"); err != nil {
-		t.Skip("no patch(1)")
-	}
+	testenv.RequireTool(t, "patch")
 	dir := t.TempDir()
 	rnd := rand.New(rand.NewPCG(1, 2))
 	words := []string{"a\n", "b\n", "c\n", "d\n", "e\n", "tail"}

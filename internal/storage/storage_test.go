@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 const (
@@ -20,9 +21,9 @@ const (
 	testDiskSize = 64 << 20
 )
 
-// requireRoot skips (fails under CI=true) when the test cannot manage loop
+// requireLoop stops the test (testenv.Need) when it cannot manage loop
 // devices and mounts.
-func requireRoot(tb testing.TB) {
+func requireLoop(tb testing.TB) {
 	tb.Helper()
 	var missing string
 	switch {
@@ -38,20 +39,14 @@ func requireRoot(tb testing.TB) {
 			missing = "/dev/loop-control"
 		}
 	}
-	if missing == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("test needs %s", missing)
-	}
-	tb.Skipf("test needs %s", missing)
+	testenv.Need(tb, missing)
 }
 
 // openTestPool opens a pool in a fresh data dir and tears it down after the
 // test, checking that no loop device is left.
 func openTestPool(tb testing.TB, defaultSize int64, warm int) (*Pool, string) {
 	tb.Helper()
-	requireRoot(tb)
+	requireLoop(tb)
 	dataDir := tb.TempDir()
 	p, err := OpenPool(dataDir, testPoolSize, defaultSize, warm)
 	if err != nil {
@@ -402,7 +397,7 @@ func TestConcurrentCreateDisk(t *testing.T) {
 }
 
 func TestTeardownAndReopen(t *testing.T) {
-	requireRoot(t)
+	requireLoop(t)
 	dataDir := t.TempDir()
 	p, err := OpenPool(dataDir, testPoolSize, testDiskSize, 1)
 	if err != nil {
@@ -474,7 +469,7 @@ func (p *Pool) stopRefill() {
 }
 
 func TestUnmountBusyAndIdempotent(t *testing.T) {
-	requireRoot(t)
+	requireLoop(t)
 	dir := filepath.Join(t.TempDir(), "m")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // e2bProject is the Node project that holds the official e2b SDK
@@ -24,11 +26,7 @@ func e2bProject(t testing.TB) string {
 	_, nodeErr := exec.LookPath("node")
 	_, sdkErr := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json"))
 	if nodeErr != nil || sdkErr != nil {
-		msg := "node and the e2b SDK are needed (scripts/setup.sh runs npm ci in test/e2b)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testenv.Need(t, "node and the e2b SDK (scripts/setup.sh runs npm ci in test/e2b)")
 	}
 	return dir
 }

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // Timeouts of the harness.
@@ -39,8 +41,8 @@ const (
 var (
 	// binPath is the agentjail binary built by TestMain.
 	binPath string
-	// envErr says why the suite cannot run here (not root).
-	envErr error
+	// envMissing says what the suite lacks to run here (root).
+	envMissing string
 	// buildErr is the failure to build the binary: every test fails on it.
 	buildErr error
 
@@ -62,7 +64,7 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(binDir)
 	switch {
 	case os.Geteuid() != 0:
-		envErr = errors.New("the end-to-end tests need root (mounts, loop devices, cgroups, namespaces)")
+		envMissing = "root (mounts, loop devices, cgroups, namespaces)"
 	default:
 		binPath = filepath.Join(binDir, "agentjail")
 		buildErr = buildBinary(binPath)
@@ -126,13 +128,7 @@ func requireEnv(tb testing.TB) {
 	if buildErr != nil {
 		tb.Fatal(buildErr)
 	}
-	if envErr == nil {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("cannot run: %v", envErr)
-	}
-	tb.Skipf("skipping: %v", envErr)
+	testenv.Need(tb, envMissing)
 }
 
 // shared returns the daemon most tests share, starting it on first use.

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // The terminal contract, spelled out (not imported) as the other wire
@@ -293,12 +295,7 @@ type tmux struct {
 
 func newTmux(tb testing.TB, cols, rows int, env []string, command string) *tmux {
 	tb.Helper()
-	if _, err := exec.LookPath("tmux"); err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("tmux is required")
-		}
-		tb.Skip("tmux is not installed")
-	}
+	testenv.RequireTool(tb, "tmux")
 	tm := &tmux{tb: tb, socket: fmt.Sprintf("agentjail-it-%d", os.Getpid()), name: fmt.Sprintf("t%d", nameSeq.Add(1))}
 	args := []string{"new-session", "-d", "-s", tm.name, "-x", fmt.Sprint(cols), "-y", fmt.Sprint(rows)}
 	for _, e := range env {
@@ -440,12 +437,7 @@ func TestTerminalCLI(t *testing.T) {
 	if err := os.WriteFile(file, cast, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := exec.LookPath("asciinema"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("asciinema is required")
-		}
-		t.Skip("asciinema is not installed")
-	}
+	testenv.RequireTool(t, "asciinema")
 	play := exec.Command("asciinema", "play", "-s", "100", "-i", "0.1", file)
 	play.Stdin = nil
 	var out bytes.Buffer

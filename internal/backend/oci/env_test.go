@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // testCgroupParent is the cgroup under which the tests' containers live.
@@ -57,17 +58,11 @@ func needRoot(tb testing.TB) {
 	tb.Helper()
 	why := ""
 	if os.Geteuid() != 0 {
-		why = "needs root"
+		why = "root"
 	} else if _, err := exec.LookPath("runc"); err != nil {
-		why = "needs runc in PATH"
+		why = "runc on PATH"
 	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(why)
-	}
-	tb.Skip(why)
+	testenv.Need(tb, why)
 }
 
 // probeBinary builds testdata/probe (static) for goarch once and returns

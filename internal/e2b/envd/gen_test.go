@@ -8,17 +8,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // TestGeneratedCodeIsCurrent regenerates the Go code from the .proto files
 // into a temporary directory and compares it with the committed code.
 func TestGeneratedCodeIsCurrent(t *testing.T) {
-	if _, err := exec.LookPath("protoc"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("protoc is not installed (scripts/setup.sh installs protobuf-compiler)")
-		}
-		t.Skip("protoc is not installed")
-	}
+	testenv.RequireTool(t, "protoc")
 	out := t.TempDir()
 	cmd := exec.Command("../../../scripts/gen-envd.sh", out)
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/observe"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // The benchmarks run only when AGENTJAIL_BENCH=1 (they take tens of
@@ -50,7 +51,7 @@ func runTimed(t *testing.T, cg *testCgroup, name string, args ...string) time.Du
 // loaded), traced in full mode into JSONL files, and under strace -f.
 func TestBenchDD(t *testing.T) {
 	requireBench(t)
-	strace := requireTool(t, "strace")
+	strace := testenv.RequireTool(t, "strace")
 	dd := []string{"if=/dev/zero", "of=/dev/null", "bs=1", "count=" + strconv.Itoa(ddCount)}
 
 	untraced := runTimed(t, newCgroup(t), "dd", dd...)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/agentjail/agentjail/internal/observe"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // requireRoot skips (or fails under CI=true) when the test cannot load
@@ -20,31 +21,13 @@ func requireRoot(t testing.TB) {
 	t.Helper()
 	why := ""
 	if os.Geteuid() != 0 {
-		why = "needs root"
+		why = "root"
 	} else if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.procs"); err != nil {
-		why = "needs cgroup v2 at /sys/fs/cgroup/unified"
+		why = "cgroup v2 at /sys/fs/cgroup/unified"
 	} else if err := Probe(); err != nil {
 		why = err.Error()
 	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true: %s", why)
-	}
-	t.Skip(why)
-}
-
-func requireTool(t testing.TB, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true: %s not installed", name)
-		}
-		t.Skipf("%s not installed", name)
-	}
-	return p
+	testenv.Need(t, why)
 }
 
 // testCgroup is a cgroup v2 directory the test created.

@@ -21,6 +21,7 @@ import (
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/observe"
 	"github.com/agentjail/agentjail/internal/observe/netcap"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 func openNet(t testing.TB, cfg NetConfig) *NetTracer {
@@ -186,7 +187,7 @@ func conversations(t *testing.T, tshark, pcap string) map[string]convSide {
 }
 
 func TestNetFlowsMatchTshark(t *testing.T) {
-	tshark := requireTool(t, "tshark")
+	tshark := testenv.RequireTool(t, "tshark")
 	nt := openNet(t, NetConfig{Poll: 50 * time.Millisecond, Flows: testFlows})
 	n := newTestNet(t)
 	n.servers(t)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/observe"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 // fromExec drops the events the workload's root process produced before
@@ -58,7 +59,7 @@ const countsWorkload = `dd if=/dev/zero of=/dev/null bs=1k count=500 2>/dev/null
 
 func TestSyscallCountsMatchStrace(t *testing.T) {
 	tr := tracer(t)
-	strace := requireTool(t, "strace")
+	strace := testenv.RequireTool(t, "strace")
 
 	evs, root := traceRun(t, tr, Options{}, "/bin/sh", "-c", countsWorkload)
 	ours := map[string]int{}
@@ -116,7 +117,7 @@ var (
 
 func TestProcessTreeMatchesStrace(t *testing.T) {
 	tr := tracer(t)
-	strace := requireTool(t, "strace")
+	strace := testenv.RequireTool(t, "strace")
 	const script = `echo one two three | tr a-z A-Z | wc -w; ls /nonexistent 2>/dev/null; (exit 7); sh -c 'exit 5'; exit 3`
 
 	evs, root := traceRun(t, tr, Options{Mode: ModeNoSyscalls}, "/bin/sh", "-c", script)
@@ -407,7 +408,7 @@ func TestSocketAddressDecoded(t *testing.T) {
 		}
 	}
 	if !found {
-		py := requireTool(t, "python3")
+		py := testenv.RequireTool(t, "python3")
 		evs, _ = traceRun(t, tr, Options{Include: []string{"connect"}}, py, "-c",
 			"import socket\ns=socket.socket()\ntry: s.connect(('127.0.0.1', 9))\nexcept OSError: pass")
 		for _, ev := range evs {

@@ -19,30 +19,8 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/netns"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
-
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("CI=true: needs root")
-	}
-	t.Skip("needs root")
-}
-
-func requireTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true: %s not installed", name)
-		}
-		t.Skipf("%s not installed", name)
-	}
-	return p
-}
 
 // inNetns runs fn on a thread moved into the network namespace at path;
 // the thread is discarded afterwards.
@@ -121,8 +99,8 @@ func vethPair(t *testing.T) (a, b string) {
 // TestCaptureBurst sends a burst of UDP datagrams of known sizes across a
 // veth and checks that the pcap holds every one, as tshark reads it.
 func TestCaptureBurst(t *testing.T) {
-	requireRoot(t)
-	tshark := requireTool(t, "tshark")
+	testenv.RequireRoot(t)
+	tshark := testenv.RequireTool(t, "tshark")
 	a, b := vethPair(t)
 	var recv net.PacketConn
 	if err := inNetns(b, func() (err error) {
@@ -201,7 +179,7 @@ func TestCaptureBurst(t *testing.T) {
 }
 
 func TestCaptureInterfaceGone(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a, _ := vethPair(t)
 	pcap := filepath.Join(t.TempDir(), "gone.pcap")
 	var c *Capture
@@ -239,7 +217,7 @@ func TestCaptureInterfaceGone(t *testing.T) {
 }
 
 func TestStartCaptureErrors(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	a, _ := vethPair(t)
 	dir := t.TempDir()
 	existing := filepath.Join(dir, "exists.pcap")
