@@ -124,7 +124,9 @@ type Isolation struct {
 // Filesystem configures the jail's root filesystem and mounts.
 type Filesystem struct {
 	// Rootfs names the rootfs provider: "host" (default: a curated tree
-	// over the host's read-only /usr) or "dir:/abs/path" (any directory tree).
+	// over the host's read-only /usr), "dir:/abs/path" (any directory
+	// tree) or "image:REF" (an image of the daemon's store, its layers
+	// shared by every jail of it).
 	Rootfs string `json:"rootfs,omitempty"`
 	// WorkspaceRoot is the jail-side path of the writable workspace
 	// (default /workspace), owned by the jail's default user.

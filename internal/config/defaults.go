@@ -25,6 +25,10 @@ const (
 	DefaultWorkspace = "/workspace"
 	RootfsHost       = "host"
 	RootfsDirPrefix  = "dir:"
+	// RootfsImagePrefix names an image of the daemon's store
+	// ("image:python:3.12-slim"); the daemon pins the image's id
+	// ("image:python:3.12-slim@sha256:…").
+	RootfsImagePrefix = "image:"
 )
 
 // ApplyDefaults fills every unset field of c with its default.

@@ -81,8 +81,13 @@ func (f *Filesystem) validate() error {
 		if !path.IsAbs(dir) || path.Clean(dir) != dir {
 			return errdefs.Unprocessablef(p+"rootfs: %q: the dir provider needs a clean absolute path (dir:/path/to/tree)", f.Rootfs)
 		}
+	case strings.HasPrefix(f.Rootfs, RootfsImagePrefix):
+		ref := strings.TrimPrefix(f.Rootfs, RootfsImagePrefix)
+		if ref == "" || strings.ContainsAny(ref, " \t\n") {
+			return errdefs.Unprocessablef(p+"rootfs: %q: the image provider needs an image reference (image:python:3.12-slim)", f.Rootfs)
+		}
 	default:
-		return errdefs.Unprocessablef(p+"rootfs: %q: expected \"host\" or \"dir:/absolute/path\"", f.Rootfs)
+		return errdefs.Unprocessablef(p+"rootfs: %q: expected \"host\", \"dir:/absolute/path\" or \"image:REF\"", f.Rootfs)
 	}
 	if err := jailPath(p+"workspace_root", f.WorkspaceRoot); err != nil {
 		return err

@@ -31,27 +31,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
 )
-
-// Progress reports one step of a pull or load, per layer.
-type Progress struct {
-	// Layer is the layer's blob digest (its diff id when the blob is not
-	// known); empty for whole-image steps.
-	Layer string `json:"layer,omitempty"`
-	// Status: resolving, waiting, exists, downloading, unpacking, done,
-	// failed; for the image: resolved, complete.
-	Status string `json:"status"`
-	// Current and Total are bytes of the blob read so far and declared
-	// (Total 0 when unknown).
-	Current int64 `json:"current,omitempty"`
-	Total   int64 `json:"total,omitempty"`
-	// Error says why a layer failed.
-	Error string `json:"error,omitempty"`
-}
 
 // ProgressFunc receives progress; it is called from several goroutines
 // (one at a time per layer) and must not block for long.
-type ProgressFunc func(Progress)
+type ProgressFunc func(model.PullProgress)
 
 // layerSource is a layer to import.
 type layerSource struct {
@@ -71,14 +56,16 @@ func (l layerSource) label() string {
 
 // importSource is an image to import.
 type importSource struct {
-	id      v1.Hash
-	digest  string // manifest digest ("" unknown)
-	config  *v1.ConfigFile
-	layers  []layerSource
-	tags    []string // normalised references
-	source  string
-	parent  string
-	created time.Time
+	id     v1.Hash
+	digest string // manifest digest ("" unknown)
+	config *v1.ConfigFile
+	// rawConfig is the config as the image holds it (its digest is id).
+	rawConfig []byte
+	layers    []layerSource
+	tags      []string // normalised references
+	source    string
+	parent    string
+	created   time.Time
 }
 
 // layerMediaTypes are the layer blob types the store unpacks.
@@ -94,9 +81,9 @@ var layerMediaTypes = map[types.MediaType]bool{
 // importImage unpacks every layer of src the store lacks, then records the
 // image under its tags. On error nothing of src is recorded and no
 // partial layer remains.
-func (s *Store) importImage(ctx context.Context, src importSource, progress ProgressFunc) (*Image, error) {
+func (s *Store) importImage(ctx context.Context, src importSource, progress ProgressFunc) (*model.Image, error) {
 	if progress == nil {
-		progress = func(Progress) {}
+		progress = func(model.PullProgress) {}
 	}
 	cfg := src.config
 	if cfg.OS != "" && cfg.OS != "linux" {
@@ -118,11 +105,11 @@ func (s *Store) importImage(ctx context.Context, src importSource, progress Prog
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(3)
 	for i, l := range src.layers {
-		progress(Progress{Layer: l.label(), Status: "waiting", Total: max(l.size, 0)})
+		progress(model.PullProgress{Layer: l.label(), Status: "waiting", Total: max(l.size, 0)})
 		g.Go(func() error {
 			n, err := s.ensureLayer(gctx, l, progress)
 			if err != nil {
-				progress(Progress{Layer: l.label(), Status: "failed", Error: err.Error()})
+				progress(model.PullProgress{Layer: l.label(), Status: "failed", Error: err.Error()})
 				return err
 			}
 			sizes[i] = n
@@ -135,7 +122,10 @@ func (s *Store) importImage(ctx context.Context, src importSource, progress Prog
 	if err := s.checkChain(src.layers); err != nil {
 		return nil, err
 	}
-	img := &Image{
+	if err := os.WriteFile(s.configPath(src.id.String()), src.rawConfig, 0o600); err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
+	}
+	img := &model.Image{
 		ID:      src.id.String(),
 		Digest:  src.digest,
 		Config:  configOf(cfg),
@@ -147,7 +137,7 @@ func (s *Store) importImage(ctx context.Context, src importSource, progress Prog
 		img.Created = time.Now().UTC()
 	}
 	for i, l := range src.layers {
-		img.Layers = append(img.Layers, Layer{DiffID: l.diffID.String(), Digest: digestString(l.digest), MediaType: string(l.mediaType), Size: sizes[i]})
+		img.Layers = append(img.Layers, model.ImageLayer{DiffID: l.diffID.String(), Digest: digestString(l.digest), MediaType: string(l.mediaType), Size: sizes[i]})
 		img.Size += sizes[i]
 	}
 	s.mu.Lock()
@@ -157,7 +147,7 @@ func (s *Store) importImage(ctx context.Context, src importSource, progress Prog
 	if err != nil {
 		return nil, err
 	}
-	progress(Progress{Status: "complete"})
+	progress(model.PullProgress{Status: "complete"})
 	return view, nil
 }
 
@@ -191,9 +181,9 @@ func digestString(h v1.Hash) string {
 	return h.String()
 }
 
-func configOf(cf *v1.ConfigFile) Config {
+func configOf(cf *v1.ConfigFile) model.ImageConfig {
 	c := cf.Config
-	return Config{
+	return model.ImageConfig{
 		Env:        slices.Clone(c.Env),
 		WorkingDir: c.WorkingDir,
 		User:       c.User,
@@ -213,7 +203,7 @@ func (s *Store) ensureLayer(ctx context.Context, l layerSource, progress Progres
 		s.mu.Lock()
 		if _, err := os.Stat(s.layerDir(h)); err == nil {
 			s.mu.Unlock()
-			progress(Progress{Layer: l.label(), Status: "exists"})
+			progress(model.PullProgress{Layer: l.label(), Status: "exists"})
 			return s.layerSize(h), nil
 		}
 		f := s.flights[h]
@@ -261,7 +251,7 @@ func (s *Store) unpackLayer(ctx context.Context, l layerSource, progress Progres
 	}
 	defer rc.Close()
 	counter := &progressReader{r: rc, ctx: ctx, report: func(n int64) {
-		progress(Progress{Layer: l.label(), Status: "downloading", Current: n, Total: max(l.size, 0)})
+		progress(model.PullProgress{Layer: l.label(), Status: "downloading", Current: n, Total: max(l.size, 0)})
 	}}
 	var blob io.Reader = counter
 	var blobHash hash.Hash
@@ -303,7 +293,7 @@ func (s *Store) unpackLayer(ctx context.Context, l layerSource, progress Progres
 	if got := "sha256:" + hex.EncodeToString(diffHash.Sum(nil)); got != l.diffID.String() {
 		return 0, errdefs.Unprocessablef("layer %s: the unpacked tar does not match the diff id %s of the image config (got %s)", l.label(), l.diffID, got)
 	}
-	progress(Progress{Layer: l.label(), Status: "unpacking", Current: counter.n, Total: max(l.size, 0)})
+	progress(model.PullProgress{Layer: l.label(), Status: "unpacking", Current: counter.n, Total: max(l.size, 0)})
 	meta, _ := json.Marshal(layerMeta{DiffID: l.diffID.String(), Size: stats.Bytes, Stats: stats})
 	if err := os.WriteFile(filepath.Join(tmp, "meta.json"), meta, 0o600); err != nil {
 		return 0, fmt.Errorf("image store: %w", err)
@@ -315,7 +305,7 @@ func (s *Store) unpackLayer(ctx context.Context, l layerSource, progress Progres
 		return 0, fmt.Errorf("image store: %w", err)
 	}
 	ok = true
-	progress(Progress{Layer: l.label(), Status: "done", Current: counter.n, Total: max(l.size, 0)})
+	progress(model.PullProgress{Layer: l.label(), Status: "done", Current: counter.n, Total: max(l.size, 0)})
 	return stats.Bytes, nil
 }
 
@@ -399,16 +389,16 @@ type PullOptions struct {
 // with ref. Credentials come from the docker config (~/.docker/config.json
 // or $DOCKER_CONFIG); a registry is reached over plain HTTP only when it
 // is named insecure.
-func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (*Image, error) {
+func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (*model.Image, error) {
 	progress := opts.Progress
 	if progress == nil {
-		progress = func(Progress) {}
+		progress = func(model.PullProgress) {}
 	}
 	r, err := s.parsePullRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	progress(Progress{Status: "resolving"})
+	progress(model.PullProgress{Status: "resolving"})
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
@@ -435,11 +425,15 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (*Image,
 	if err != nil {
 		return nil, registryErr(ref, err)
 	}
-	src := importSource{id: id, digest: dg.String(), config: cf, source: "pull"}
+	raw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, registryErr(ref, err)
+	}
+	src := importSource{id: id, digest: dg.String(), config: cf, rawConfig: raw, source: "pull"}
 	if _, ok := r.(name.Tag); ok {
 		src.tags = []string{r.Name()}
 	}
-	progress(Progress{Status: "resolved"})
+	progress(model.PullProgress{Status: "resolved"})
 	for _, d := range m.Layers {
 		l, err := img.LayerByDigest(d.Digest)
 		if err != nil {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image/imagetest"
-	"github.com/agentjail/agentjail/internal/storage"
+	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/testenv"
 )
 
@@ -80,7 +80,7 @@ func TestPullLayersWhiteoutsAndConfig(t *testing.T) {
 
 	var mu sync.Mutex
 	statuses := map[string]bool{}
-	img, err := s.Pull(context.Background(), ref, PullOptions{Progress: func(p Progress) {
+	img, err := s.Pull(context.Background(), ref, PullOptions{Progress: func(p model.PullProgress) {
 		mu.Lock()
 		statuses[p.Status] = true
 		mu.Unlock()
@@ -111,22 +111,11 @@ func TestPullLayersWhiteoutsAndConfig(t *testing.T) {
 	}
 
 	// The layers mounted as an overlay show the image as a container sees it.
-	lowers, release, err := s.Lowers(img.ID)
+	merged, err := s.View(img.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release()
-	dir := t.TempDir()
-	upper, work, merged := filepath.Join(dir, "u"), filepath.Join(dir, "w"), filepath.Join(dir, "m")
-	for _, d := range []string{upper, work} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := storage.MountOverlay(lowers, upper, work, merged); err != nil {
-		t.Fatal(err)
-	}
-	defer storage.Unmount(merged)
+	defer s.Close()
 	if _, err := os.Stat(filepath.Join(merged, "etc/gone")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("whiteout: etc/gone: %v", err)
 	}
@@ -161,7 +150,7 @@ func TestPullLayersWhiteoutsAndConfig(t *testing.T) {
 	// A second pull downloads nothing.
 	before := reg.BlobGets(img.Layers[0].Digest)
 	exists := 0
-	if _, err := s.Pull(context.Background(), ref, PullOptions{Progress: func(p Progress) {
+	if _, err := s.Pull(context.Background(), ref, PullOptions{Progress: func(p model.PullProgress) {
 		if p.Status == "exists" {
 			exists++
 		}
@@ -456,7 +445,7 @@ func TestRemoveAndPrune(t *testing.T) {
 		t.Fatalf("image in use pruned: %v", err)
 	}
 	// A pin (a jail being created) holds it too.
-	_, release, err := s.Lowers(imgB.ID)
+	_, release, err := s.Acquire(imgB.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

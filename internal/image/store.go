@@ -25,60 +25,17 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 // DefaultMaxLayerBytes bounds a layer's declared (compressed) size and its
 // unpacked size unless Options say otherwise.
 const DefaultMaxLayerBytes = 16 << 30
-
-// Image is one image of the store.
-type Image struct {
-	// ID is the digest of the image's config ("sha256:…").
-	ID string `json:"id"`
-	// Digest is the manifest digest it was pulled by or loaded with
-	// ("" when none is known, e.g. a docker-archive or a commit).
-	Digest string `json:"digest,omitempty"`
-	// Tags are its names, in familiar form ("python:3.12-slim").
-	Tags []string `json:"tags"`
-	// Layers are its filesystem layers, base first.
-	Layers []Layer `json:"layers"`
-	// Config is the part of the image config a jail applies.
-	Config Config `json:"config"`
-	// Size is the unpacked size of its layers in bytes.
-	Size int64 `json:"size"`
-	// Created is when the image entered the store.
-	Created time.Time `json:"created"`
-	// Source says how: pull, load, commit or profile.
-	Source string `json:"source"`
-	// Parent is the image a commit was made on top of.
-	Parent string `json:"parent,omitempty"`
-}
-
-// Layer is one filesystem layer of an image.
-type Layer struct {
-	// DiffID is the digest of the uncompressed tar (the store's key).
-	DiffID string `json:"diff_id"`
-	// Digest and MediaType describe the blob it came from ("" when none).
-	Digest    string `json:"digest,omitempty"`
-	MediaType string `json:"media_type,omitempty"`
-	// Size is the unpacked size in bytes.
-	Size int64 `json:"size"`
-}
-
-// Config is what a jail takes from an image's config.
-type Config struct {
-	Env        []string `json:"env,omitempty"`
-	WorkingDir string   `json:"working_dir,omitempty"`
-	User       string   `json:"user,omitempty"`
-	Entrypoint []string `json:"entrypoint,omitempty"`
-	Cmd        []string `json:"cmd,omitempty"`
-}
 
 // Options configure a Store.
 type Options struct {
@@ -121,7 +78,7 @@ type flight struct {
 }
 
 type index struct {
-	Images map[string]*Image `json:"images"`
+	Images map[string]*model.Image `json:"images"`
 	// Tags maps normalised references (registry/repo:tag) to image ids.
 	Tags map[string]string `json:"tags"`
 }
@@ -136,7 +93,7 @@ func Open(opts Options) (*Store, error) {
 		opts.MaxLayerBytes = DefaultMaxLayerBytes
 	}
 	s := &Store{opts: opts, dir: opts.Dir, flights: map[string]*flight{}, pins: map[string]int{}}
-	for _, d := range []string{s.dir, s.layersDir(), s.tmpDir()} {
+	for _, d := range []string{s.dir, s.layersDir(), s.tmpDir(), filepath.Join(s.dir, "configs")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("image store: %w", err)
 		}
@@ -154,7 +111,7 @@ func Open(opts Options) (*Store, error) {
 	data, err := os.ReadFile(s.indexPath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		s.idx = index{Images: map[string]*Image{}, Tags: map[string]string{}}
+		s.idx = index{Images: map[string]*model.Image{}, Tags: map[string]string{}}
 	case err != nil:
 		return nil, fmt.Errorf("image store: %w", err)
 	default:
@@ -162,7 +119,7 @@ func Open(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("image store: %s: %w", s.indexPath(), err)
 		}
 		if s.idx.Images == nil {
-			s.idx.Images = map[string]*Image{}
+			s.idx.Images = map[string]*model.Image{}
 		}
 		if s.idx.Tags == nil {
 			s.idx.Tags = map[string]string{}
@@ -185,6 +142,11 @@ func (s *Store) Dir() string { return s.dir }
 func (s *Store) indexPath() string { return filepath.Join(s.dir, "index.json") }
 func (s *Store) layersDir() string { return filepath.Join(s.dir, "layers") }
 func (s *Store) tmpDir() string    { return filepath.Join(s.dir, "tmp") }
+
+// configPath is where the raw config of image id is kept.
+func (s *Store) configPath(id string) string {
+	return filepath.Join(s.dir, "configs", hexOf(id)+".json")
+}
 
 // layerDir is the directory of the layer with diff id hex h.
 func (s *Store) layerDir(h string) string { return filepath.Join(s.layersDir(), h) }
@@ -274,7 +236,7 @@ func isID(s string) bool {
 // Get returns the image that ref names: an id (or a prefix of at least 12
 // hex digits), a reference with a digest (matching the id or the manifest
 // digest), or a tag. errdefs.ErrNotFound when the store has none.
-func (s *Store) Get(ref string) (*Image, error) {
+func (s *Store) Get(ref string) (*model.Image, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, err := s.getLocked(ref)
@@ -284,10 +246,10 @@ func (s *Store) Get(ref string) (*Image, error) {
 	return s.viewLocked(img), nil
 }
 
-func (s *Store) getLocked(ref string) (*Image, error) {
+func (s *Store) getLocked(ref string) (*model.Image, error) {
 	if isID(ref) {
 		h := strings.TrimPrefix(ref, "sha256:")
-		var found *Image
+		var found *model.Image
 		for id, img := range s.idx.Images {
 			if strings.HasPrefix(hexOf(id), h) {
 				if found != nil {
@@ -325,7 +287,7 @@ func (s *Store) getLocked(ref string) (*Image, error) {
 }
 
 // viewLocked returns a copy of img with its tags.
-func (s *Store) viewLocked(img *Image) *Image {
+func (s *Store) viewLocked(img *model.Image) *model.Image {
 	c := *img
 	c.Tags = []string{}
 	for t, id := range s.idx.Tags {
@@ -339,10 +301,10 @@ func (s *Store) viewLocked(img *Image) *Image {
 }
 
 // List returns every image, newest first.
-func (s *Store) List() []*Image {
+func (s *Store) List() []*model.Image {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*Image, 0, len(s.idx.Images))
+	out := make([]*model.Image, 0, len(s.idx.Images))
 	for _, img := range s.idx.Images {
 		out = append(out, s.viewLocked(img))
 	}
@@ -355,33 +317,8 @@ func (s *Store) List() []*Image {
 	return out
 }
 
-// Lowers returns the overlay lower directories of image id, top layer
-// first, and pins the image against prune until release is called.
-func (s *Store) Lowers(id string) (lowers []string, release func(), err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	img, ok := s.idx.Images[id]
-	if !ok {
-		return nil, nil, errdefs.NotFoundf("image %s: not in the store", id)
-	}
-	for i := len(img.Layers) - 1; i >= 0; i-- {
-		lowers = append(lowers, s.LayerRoot(img.Layers[i].DiffID))
-	}
-	s.pins[id]++
-	var once sync.Once
-	return lowers, func() {
-		once.Do(func() {
-			s.mu.Lock()
-			if s.pins[id]--; s.pins[id] <= 0 {
-				delete(s.pins, id)
-			}
-			s.mu.Unlock()
-		})
-	}, nil
-}
-
 // addLocked records img under tags (normalised references); s.mu is held.
-func (s *Store) addLocked(img *Image, tags []string) error {
+func (s *Store) addLocked(img *model.Image, tags []string) error {
 	if old, ok := s.idx.Images[img.ID]; ok {
 		if img.Digest == "" {
 			img.Digest = old.Digest
@@ -396,7 +333,7 @@ func (s *Store) addLocked(img *Image, tags []string) error {
 }
 
 // Tag names the image src with ref as well.
-func (s *Store) Tag(src, ref string) (*Image, error) {
+func (s *Store) Tag(src, ref string) (*model.Image, error) {
 	r, err := ParseRef(ref)
 	if err != nil {
 		return nil, err
@@ -417,27 +354,18 @@ func (s *Store) Tag(src, ref string) (*Image, error) {
 	return s.viewLocked(img), nil
 }
 
-// RemoveResult says what Remove did.
-type RemoveResult struct {
-	// Untagged are the tags removed.
-	Untagged []string `json:"untagged"`
-	// Deleted is the image id removed ("" when the image stays because
-	// other tags, jails or snapshots still use it).
-	Deleted string `json:"deleted,omitempty"`
-}
-
 // Remove untags ref; when ref was the image's last tag (or names the
 // image by id) and no jail or snapshot uses it, the image is removed
 // too (its layers go at the next prune). Removing by id an image that is
 // in use is errdefs.ErrConflict; force removes its tags anyway.
-func (s *Store) Remove(ref string, force bool) (RemoveResult, error) {
+func (s *Store) Remove(ref string, force bool) (model.ImageRemoval, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	img, err := s.getLocked(ref)
 	if err != nil {
-		return RemoveResult{}, err
+		return model.ImageRemoval{}, err
 	}
-	var res RemoveResult
+	var res model.ImageRemoval
 	byTag := !isID(ref) && !strings.Contains(ref, "@")
 	if byTag {
 		r, _ := ParseRef(ref)
@@ -455,7 +383,7 @@ func (s *Store) Remove(ref string, force bool) (RemoveResult, error) {
 	case byTag && left > 0:
 	case used[img.ID]:
 		if !byTag && !force {
-			return RemoveResult{}, errdefs.Conflictf("image %s is used by a jail or snapshot (remove them first, or --force to untag it)", short(img.ID))
+			return model.ImageRemoval{}, errdefs.Conflictf("image %s is used by a jail or snapshot (remove them first, or --force to untag it)", short(img.ID))
 		}
 		if !byTag {
 			for t, id := range s.idx.Tags {
@@ -466,7 +394,7 @@ func (s *Store) Remove(ref string, force bool) (RemoveResult, error) {
 			}
 		}
 	case left > 0 && !force:
-		return RemoveResult{}, errdefs.Conflictf("image %s has %d tags: remove them by name, or --force", short(img.ID), left)
+		return model.ImageRemoval{}, errdefs.Conflictf("image %s has %d tags: remove them by name, or --force", short(img.ID), left)
 	default:
 		for t, id := range s.idx.Tags {
 			if id == img.ID {
@@ -474,7 +402,11 @@ func (s *Store) Remove(ref string, force bool) (RemoveResult, error) {
 				res.Untagged = append(res.Untagged, Familiar(t))
 			}
 		}
+		if err := s.unmountViewLocked(img.ID); err != nil {
+			return model.ImageRemoval{}, err
+		}
 		delete(s.idx.Images, img.ID)
+		os.Remove(s.configPath(img.ID))
 		res.Deleted = img.ID
 	}
 	sort.Strings(res.Untagged)
@@ -504,20 +436,10 @@ func (s *Store) usedLocked() map[string]bool {
 	return used
 }
 
-// PruneResult says what Prune removed.
-type PruneResult struct {
-	// Images are the ids of the untagged, unused images removed.
-	Images []string `json:"images"`
-	// Layers are the diff ids of the layers removed.
-	Layers []string `json:"layers"`
-	// ReclaimedBytes is the unpacked size of the removed layers.
-	ReclaimedBytes int64 `json:"reclaimed_bytes"`
-}
-
 // Prune removes images that have no tag and that no jail, snapshot or
 // operation in flight uses (all unused images with all), then every layer
 // no remaining image references.
-func (s *Store) Prune(all bool) (PruneResult, error) {
+func (s *Store) Prune(all bool) (model.ImagePrune, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	used := s.usedLocked()
@@ -525,7 +447,7 @@ func (s *Store) Prune(all bool) (PruneResult, error) {
 	for _, id := range s.idx.Tags {
 		tagged[id] = true
 	}
-	res := PruneResult{Images: []string{}, Layers: []string{}}
+	res := model.ImagePrune{Images: []string{}, Layers: []string{}}
 	for id := range s.idx.Images {
 		if used[id] || (tagged[id] && !all) {
 			continue
@@ -535,7 +457,11 @@ func (s *Store) Prune(all bool) (PruneResult, error) {
 				delete(s.idx.Tags, t)
 			}
 		}
+		if err := s.unmountViewLocked(id); err != nil {
+			return res, err
+		}
 		delete(s.idx.Images, id)
+		os.Remove(s.configPath(id))
 		res.Images = append(res.Images, id)
 	}
 	if err := s.saveLocked(); err != nil {
@@ -587,24 +513,8 @@ func (s *Store) layerSize(h string) int64 { return s.readMeta(h).Size }
 
 func (s *Store) layerStats(h string) UnpackStats { return s.readMeta(h).Stats }
 
-// Usage is the store's disk accounting.
-type Usage struct {
-	// Images is the number of images; Layers the number of unpacked layers.
-	Images int `json:"images"`
-	Layers int `json:"layers"`
-	// LayerBytes is the unpacked size of all layers (each counted once,
-	// however many images and jails share it).
-	LayerBytes int64 `json:"layer_bytes"`
-	// DiskBytes is the disk space the store's directory takes.
-	DiskBytes int64 `json:"disk_bytes"`
-	// Unused are the layers no image references (prune removes them) and
-	// their size.
-	UnusedLayers int   `json:"unused_layers"`
-	UnusedBytes  int64 `json:"unused_bytes"`
-}
-
 // DiskUsage accounts the store.
-func (s *Store) DiskUsage() (Usage, error) {
+func (s *Store) DiskUsage() (model.ImageUsage, error) {
 	s.mu.Lock()
 	keep := map[string]bool{}
 	for _, img := range s.idx.Images {
@@ -612,7 +522,7 @@ func (s *Store) DiskUsage() (Usage, error) {
 			keep[hexOf(l.DiffID)] = true
 		}
 	}
-	u := Usage{Images: len(s.idx.Images)}
+	u := model.ImageUsage{Images: len(s.idx.Images)}
 	s.mu.Unlock()
 	ents, err := os.ReadDir(s.layersDir())
 	if err != nil {

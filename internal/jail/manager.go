@@ -27,6 +27,7 @@ import (
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/image"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/observe/bpf"
@@ -72,6 +73,8 @@ type Options struct {
 	// Secrets resolves the secrets that credentials name (model API keys):
 	// the values stay in the daemon (nil: none).
 	Secrets func(name string) (string, bool)
+	// Registries are the per-registry settings of image pulls.
+	Registries image.Registries
 }
 
 // Manager owns every jail of one data dir.
@@ -94,6 +97,8 @@ type Manager struct {
 	snaps *snapshotState
 	// warm is the pool of ready jails (warm.go); nil when none are kept.
 	warm *warmPool
+	// images is the image store of `image:` jails (images.go).
+	images *image.Store
 
 	mu    sync.Mutex
 	jails map[string]*entry // by id
@@ -161,6 +166,11 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host rootfs: %w", err)
 	}
+	m.images, err = image.Open(image.Options{Dir: filepath.Join(dataDir, "images"), Registries: opts.Registries})
+	if err != nil {
+		return nil, err
+	}
+	m.images.SetInUse(m.imagesInUse)
 	size := opts.PoolSize
 	if size == 0 {
 		size = defaultPoolSize(dataDir)
@@ -196,6 +206,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		InitBinary:    initBin,
 		Pool:          m.pool,
 		HostLower:     lower,
+		Images:        m.images,
 		Net:           m.net,
 		Log:           m.log,
 
@@ -258,7 +269,7 @@ func (m *Manager) Close() error {
 	if m.netTracer != nil {
 		errs = append(errs, m.netTracer.Close())
 	}
-	return errors.Join(append(errs, m.net.Close(), m.pool.Close())...)
+	return errors.Join(append(errs, m.images.Close(), m.net.Close(), m.pool.Close())...)
 }
 
 // defaultPoolSize is 64 GiB or 90 % of the free space, whichever is smaller.
@@ -370,6 +381,12 @@ func (m *Manager) setState(e *entry, f func(j *model.Jail)) {
 // (unless req.Start is false) start. A failed create leaves nothing behind.
 func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error) {
 	cfg := req.Config
+	// The image's config fills what the request leaves unset.
+	release, err := m.resolveImage(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(m.host); err != nil {
 		return nil, err

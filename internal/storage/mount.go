@@ -55,14 +55,21 @@ func Unmount(path string) error {
 }
 
 // MountOverlay mounts an overlay at merged (created if missing) whose lower
-// layers are lowers, top first, with upper and work as its writable layer.
-// Paths must be absolute and may not contain ',', ':' or '\' (the overlay
-// option syntax); errdefs.ErrInvalid otherwise.
+// layers are lowers, top first, with upper and work as its writable layer;
+// with upper and work empty the overlay is read-only (it then needs at
+// least two lowers). Paths must be absolute and may not contain ',', ':'
+// or '\\' (the overlay option syntax); errdefs.ErrInvalid otherwise. Lower
+// lists too long for mount(2)'s one page of options are given one by one
+// (fsconfig "lowerdir+", Linux 6.8).
 func MountOverlay(lowers []string, upper, work, merged string) error {
 	if len(lowers) == 0 {
 		return errdefs.Invalidf("overlay %s: at least one lower directory is required", merged)
 	}
-	for _, p := range append([]string{upper, work, merged}, lowers...) {
+	paths := append([]string{merged}, lowers...)
+	if upper != "" || work != "" {
+		paths = append(paths, upper, work)
+	}
+	for _, p := range paths {
 		if !filepath.IsAbs(p) {
 			return errdefs.Invalidf("overlay %s: path %q is not absolute", merged, p)
 		}
@@ -73,9 +80,60 @@ func MountOverlay(lowers []string, upper, work, merged string) error {
 	if err := os.MkdirAll(merged, 0o755); err != nil {
 		return fmt.Errorf("overlay mount point: %w", err)
 	}
-	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+	opts := "lowerdir=" + strings.Join(lowers, ":")
+	var flags uintptr
+	if upper != "" {
+		opts += ",upperdir=" + upper + ",workdir=" + work
+	} else {
+		flags = unix.MS_RDONLY
+	}
+	if len(opts) >= maxMountOptions {
+		return mountOverlayFS(lowers, upper, work, merged)
+	}
+	if err := unix.Mount("overlay", merged, "overlay", flags, opts); err != nil {
 		return fmt.Errorf("mount overlay at %s (%s): %w", merged, opts, err)
+	}
+	return nil
+}
+
+// maxMountOptions is what mount(2) takes of an option string (one page,
+// with its terminating NUL).
+const maxMountOptions = 4095
+
+// mountOverlayFS mounts an overlay with the new mount API, one lower
+// directory per fsconfig call.
+func mountOverlayFS(lowers []string, upper, work, merged string) error {
+	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("mount overlay at %s: fsopen: %w", merged, err)
+	}
+	defer unix.Close(fd)
+	for _, l := range lowers {
+		if err := unix.FsconfigSetString(fd, "lowerdir+", l); err != nil {
+			return fmt.Errorf("mount overlay at %s: lower %s: %w (needs Linux 6.8 for %d lowers)", merged, l, err, len(lowers))
+		}
+	}
+	attrs := 0
+	if upper != "" {
+		if err := unix.FsconfigSetString(fd, "upperdir", upper); err != nil {
+			return fmt.Errorf("mount overlay at %s: upper: %w", merged, err)
+		}
+		if err := unix.FsconfigSetString(fd, "workdir", work); err != nil {
+			return fmt.Errorf("mount overlay at %s: work: %w", merged, err)
+		}
+	} else {
+		attrs = unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.FsconfigCreate(fd); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", merged, err)
+	}
+	mfd, err := unix.Fsmount(fd, unix.FSMOUNT_CLOEXEC, attrs)
+	if err != nil {
+		return fmt.Errorf("mount overlay at %s: fsmount: %w", merged, err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, merged, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", merged, err)
 	}
 	return nil
 }

@@ -539,3 +539,48 @@ func benchCreate(b *testing.B, warm int) {
 
 func BenchmarkCreateDiskCold(b *testing.B) { benchCreate(b, 0) }
 func BenchmarkCreateDiskWarm(b *testing.B) { benchCreate(b, 2) }
+
+// TestMountOverlayManyLowers stacks more lowers than fit in one page of
+// mount options (an image of many layers) and a read-only overlay of
+// lowers alone.
+func TestMountOverlayManyLowers(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	long := strings.Repeat("l", 100)
+	var lowers []string
+	for i := range 60 {
+		l := filepath.Join(dir, fmt.Sprintf("%s%02d", long, i))
+		if err := os.MkdirAll(l, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(l, fmt.Sprintf("f%02d", i)), []byte{byte(i)}, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		lowers = append([]string{l}, lowers...)
+	}
+	upper, work, merged := filepath.Join(dir, "u"), filepath.Join(dir, "w"), filepath.Join(dir, "m")
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := MountOverlay(lowers, upper, work, merged); err != nil {
+		t.Fatal(err)
+	}
+	defer Unmount(merged)
+	ents, err := os.ReadDir(merged)
+	if err != nil || len(ents) != 60 {
+		t.Fatalf("merged view of 60 lowers: %d entries, %v", len(ents), err)
+	}
+	view := filepath.Join(dir, "view")
+	if err := MountOverlay(lowers[:2], "", "", view); err != nil {
+		t.Fatal(err)
+	}
+	defer Unmount(view)
+	if err := os.WriteFile(filepath.Join(view, "x"), nil, 0o644); err == nil {
+		t.Fatal("a read-only overlay took a write")
+	}
+	if ents, _ := os.ReadDir(view); len(ents) != 2 {
+		t.Fatalf("read-only view: %d entries", len(ents))
+	}
+}

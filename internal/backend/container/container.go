@@ -29,6 +29,7 @@ import (
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/image"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/netns"
@@ -63,6 +64,9 @@ type Options struct {
 	Pool *storage.Pool
 	// HostLower is the `host` provider's lower tree.
 	HostLower string
+	// Images is the image store of the `image:` provider (nil: image
+	// jails are refused).
+	Images *image.Store
 	// Net attaches jails to the daemon's policed network.
 	Net *netpolicy.Manager
 	// AllowHostNetwork permits network mode "host".
@@ -135,16 +139,58 @@ func (b *Backend) paths(inst backend.Instance) paths {
 // CgroupPath returns the cgroupsPath of a jail (for observation).
 func CgroupPath(id string) string { return "/agentjail/" + id }
 
+// lower returns the tree the jail's root is made from, as one directory
+// (an image's layers merged read-only): users, homes and the workspace
+// are looked up there, and diffs compare against it.
 func (b *Backend) lower(inst backend.Instance) (string, error) {
 	fs := inst.Config.Isolation.Filesystem
 	if fs.Rootfs == config.RootfsHost {
 		return b.opts.HostLower, nil
+	}
+	if id, err := b.imageID(inst); id != "" || err != nil {
+		if err != nil {
+			return "", err
+		}
+		return b.opts.Images.View(id)
 	}
 	dir := strings.TrimPrefix(fs.Rootfs, config.RootfsDirPrefix)
 	if err := rootfs.CheckDir(dir, b.opts.DataDir); err != nil {
 		return "", err
 	}
 	return dir, nil
+}
+
+// imageID returns the pinned image id of an image jail ("" for other
+// providers).
+func (b *Backend) imageID(inst backend.Instance) (string, error) {
+	rootfs := inst.Config.Isolation.Filesystem.Rootfs
+	if !strings.HasPrefix(rootfs, config.RootfsImagePrefix) {
+		return "", nil
+	}
+	if b.opts.Images == nil {
+		return "", errdefs.Unprocessablef("isolation.filesystem.rootfs: %q: this daemon has no image store", rootfs)
+	}
+	id := image.PinnedID(rootfs)
+	if id == "" {
+		return "", errdefs.Unprocessablef("isolation.filesystem.rootfs: %q: the image is not pinned by id", rootfs)
+	}
+	return id, nil
+}
+
+// lowers returns the overlay lowers of the jail's root, top first.
+func (b *Backend) lowers(inst backend.Instance) ([]string, error) {
+	id, err := b.imageID(inst)
+	if err != nil {
+		return nil, err
+	}
+	if id != "" {
+		return b.opts.Images.RootLayers(id)
+	}
+	lower, err := b.lower(inst)
+	if err != nil {
+		return nil, err
+	}
+	return []string{lower}, nil
 }
 
 func userns(c *config.Config) bool {
@@ -182,7 +228,11 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 	if err := b.seedUpper(inst, lower, p); err != nil {
 		return err
 	}
-	if err := storage.MountOverlay([]string{lower}, p.upper, p.work, p.merged); err != nil {
+	lowers, err := b.lowers(inst)
+	if err != nil {
+		return err
+	}
+	if err := storage.MountOverlay(lowers, p.upper, p.work, p.merged); err != nil {
 		return fmt.Errorf("jail root: %w", err)
 	}
 	if err := b.writeControl(inst, p, nil); err != nil {
@@ -415,7 +465,7 @@ func (b *Backend) writeBundle(inst backend.Instance, p paths, hostNet bool) erro
 // (after a host reboot or a crash), so that Start works from any stopped
 // state; prepare does the same for the network namespace.
 func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) error {
-	lower, err := b.lower(inst)
+	lowers, err := b.lowers(inst)
 	if err != nil {
 		return err
 	}
@@ -427,7 +477,7 @@ func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) er
 		return err
 	}
 	if !mounted {
-		if err := storage.MountOverlay([]string{lower}, p.upper, p.work, p.merged); err != nil {
+		if err := storage.MountOverlay(lowers, p.upper, p.work, p.merged); err != nil {
 			return fmt.Errorf("jail root: %w", err)
 		}
 	}

@@ -13,9 +13,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +28,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -297,4 +301,80 @@ func Blob(t testing.TB, l v1.Layer) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// DockerArchive writes img as a docker-archive (docker save) tagged tag
+// to a file in dir and returns its path.
+func DockerArchive(t testing.TB, dir, tag string, img v1.Image) string {
+	t.Helper()
+	tg, err := name.NewTag(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "docker-archive.tar")
+	if err := tarball.WriteToFile(p, tg, img); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// OCIArchive writes img as an OCI image layout named ref, packed in a tar
+// in dir, and returns the tar's path.
+func OCIArchive(t testing.TB, dir, ref string, img v1.Image) string {
+	t.Helper()
+	ld := filepath.Join(dir, "layout")
+	lp, err := layout.Write(ld, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref})); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "oci-layout.tar")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	err = filepath.WalkDir(ld, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(ld, path)
+		if rel == "." {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		h, err := tar.FileInfoHeader(fi, "")
+		if err != nil {
+			return err
+		}
+		h.Name = filepath.ToSlash(rel)
+		if d.IsDir() {
+			h.Name += "/"
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			_, err = tw.Write(b)
+			return err
+		}
+		return nil
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -1,0 +1,220 @@
+package image
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
+)
+
+// CommitRequest describes a commit: a jail's upper layer on top of the
+// image its root is made of.
+type CommitRequest struct {
+	// Parent is the id of the jail's image.
+	Parent string
+	// Upper is the host path of the jail's upper layer.
+	Upper string
+	// Skip reports jail paths the daemon itself made (they are left out).
+	Skip func(jailPath string) bool
+	// Shift is subtracted from owners (a jail with a user namespace has
+	// its ids shifted on disk).
+	Shift int
+	// Tag names the new image ("" for none).
+	Tag string
+	// Comment goes into the image's history.
+	Comment string
+}
+
+// Commit makes a new image of the parent's layers and one more: the
+// changes in req.Upper as an OCI layer (overlay whiteouts become .wh.
+// entries, opaque directories .wh..wh..opq). The new image keeps the
+// parent's config. A jail that is not made of an image cannot be
+// committed (errdefs.ErrUnprocessable, raised by the caller).
+func (s *Store) Commit(ctx context.Context, req CommitRequest) (*model.Image, error) {
+	var tags []string
+	if req.Tag != "" {
+		r, err := ParseRef(req.Tag)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := r.(name.Tag); !ok {
+			return nil, errdefs.Invalidf("commit: %q: name the new image with a tag, not a digest", req.Tag)
+		}
+		tags = []string{r.Name()}
+	}
+	parent, release, err := s.Acquire(req.Parent)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	raw, err := os.ReadFile(s.configPath(parent.ID))
+	if err != nil {
+		return nil, fmt.Errorf("commit: the config of image %s: %w", short(parent.ID), err)
+	}
+	cf, err := v1.ParseConfigFile(strings.NewReader(string(raw)))
+	if err != nil {
+		return nil, fmt.Errorf("commit: the config of image %s: %w", short(parent.ID), err)
+	}
+	f, err := os.CreateTemp(s.tmpDir(), "commit-*.tar")
+	if err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	h := sha256.New()
+	if err := writeLayer(ctx, io.MultiWriter(f, h), req); err != nil {
+		return nil, err
+	}
+	diffID := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
+	now := time.Now().UTC()
+	cf = cf.DeepCopy()
+	cf.RootFS.Type = "layers"
+	cf.RootFS.DiffIDs = append(cf.RootFS.DiffIDs, diffID)
+	cf.Created = v1.Time{Time: now}
+	cf.History = append(cf.History, v1.History{Created: v1.Time{Time: now}, CreatedBy: "agentjail commit", Comment: req.Comment})
+	newRaw, err := json.Marshal(cf)
+	if err != nil {
+		return nil, err
+	}
+	src := importSource{
+		id:        v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sha256Sum(newRaw))},
+		config:    cf,
+		rawConfig: newRaw,
+		tags:      tags,
+		source:    "commit",
+		parent:    parent.ID,
+		created:   now,
+	}
+	for _, l := range parent.Layers {
+		d, _ := v1.NewHash(l.DiffID)
+		src.layers = append(src.layers, layerSource{diffID: d, mediaType: types.MediaType(l.MediaType), size: -1, open: func() (io.ReadCloser, error) {
+			return nil, fmt.Errorf("layer %s of image %s is no longer in the store", l.DiffID, short(parent.ID))
+		}})
+	}
+	path := f.Name()
+	src.layers = append(src.layers, layerSource{mediaType: types.OCIUncompressedLayer, size: -1, open: func() (io.ReadCloser, error) { return os.Open(path) }})
+	return s.importImage(ctx, src, nil)
+}
+
+func sha256Sum(b []byte) []byte {
+	s := sha256.Sum256(b)
+	return s[:]
+}
+
+// writeLayer writes the tar of req.Upper to w.
+func writeLayer(ctx context.Context, w io.Writer, req CommitRequest) error {
+	tw := tar.NewWriter(w)
+	links := map[[2]uint64]string{}
+	err := filepath.WalkDir(req.Upper, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(req.Upper, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		if req.Skip != nil && req.Skip("/"+rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		hdr := &tar.Header{
+			Name:    rel,
+			Mode:    int64(st.Mode & 0o7777),
+			Uid:     max(int(st.Uid)-req.Shift, 0),
+			Gid:     max(int(st.Gid)-req.Shift, 0),
+			ModTime: time.Unix(st.Mtim.Unix()),
+			Format:  tar.FormatPAX,
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFCHR:
+			if st.Rdev != 0 {
+				return nil // a device node: never part of a layer
+			}
+			dir, base := filepath.Split(rel)
+			return tw.WriteHeader(&tar.Header{Name: dir + whiteoutPrefix + base, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: hdr.ModTime, Format: tar.FormatPAX})
+		case unix.S_IFDIR:
+			hdr.Typeflag, hdr.Name = tar.TypeDir, rel+"/"
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if isOpaqueDir(p) {
+				return tw.WriteHeader(&tar.Header{Name: rel + "/" + whiteoutOpaque, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: hdr.ModTime, Format: tar.FormatPAX})
+			}
+			return nil
+		case unix.S_IFLNK:
+			t, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, t
+			return tw.WriteHeader(hdr)
+		case unix.S_IFIFO:
+			hdr.Typeflag = tar.TypeFifo
+			return tw.WriteHeader(hdr)
+		case unix.S_IFREG:
+			if st.Nlink > 1 {
+				k := [2]uint64{st.Dev, st.Ino}
+				if first, ok := links[k]; ok {
+					hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
+					return tw.WriteHeader(hdr)
+				}
+				links[k] = rel
+			}
+			hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			in, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			_, err = io.CopyN(tw, in, st.Size)
+			in.Close()
+			return err
+		}
+		return nil // sockets
+	})
+	if err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		return fmt.Errorf("commit: %w", err)
+	}
+	return tw.Close()
+}
+
+func isOpaqueDir(dir string) bool {
+	buf := make([]byte, 4)
+	for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
+		if n, err := unix.Lgetxattr(dir, attr, buf); err == nil && n > 0 && buf[0] == 'y' {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,125 @@
+package jail
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/image"
+	"github.com/agentjail/agentjail/internal/model"
+)
+
+// Images returns the manager's image store.
+func (m *Manager) Images() *image.Store { return m.images }
+
+// imagesInUse lists the images that jails and snapshots are made of, by
+// id: prune keeps them.
+func (m *Manager) imagesInUse() map[string]bool {
+	used := map[string]bool{}
+	m.mu.Lock()
+	for _, e := range m.jails {
+		if id := image.PinnedID(e.snapshot().Config.Isolation.Filesystem.Rootfs); id != "" {
+			used[id] = true
+		}
+	}
+	m.mu.Unlock()
+	if m.snaps != nil {
+		snaps, err := m.snaps.store.List()
+		if err != nil {
+			m.log.Error("listing snapshots for the image store", "err", err)
+		}
+		for _, s := range snaps {
+			if id := image.PinnedID(s.Config.Isolation.Filesystem.Rootfs); id != "" {
+				used[id] = true
+			}
+		}
+	}
+	return used
+}
+
+// resolveImage pins the image an `image:` rootfs names (by appending its
+// id) and applies the image's config where cfg leaves a value unset: Env
+// entries, the user (the image's, else root), the workspace (its working
+// directory). It runs before defaults are applied. The image stays pinned
+// against prune until release is called (once the jail's record names it).
+func (m *Manager) resolveImage(cfg *config.Config) (release func(), err error) {
+	fs := &cfg.Isolation.Filesystem
+	ref, ok := strings.CutPrefix(fs.Rootfs, config.RootfsImagePrefix)
+	if !ok {
+		return func() {}, nil
+	}
+	img, release, err := m.images.Acquire(ref)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, errdefs.Unprocessablef("isolation.filesystem.rootfs: image %q is not in the store (agentjail pull %s)", ref, ref)
+	}
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrUnprocessable, err, "isolation.filesystem.rootfs")
+	}
+	fs.Rootfs = image.Pin(ref, img)
+	applyImageConfig(cfg, img.Config)
+	return release, nil
+}
+
+// applyImageConfig fills what cfg leaves unset from the image's config.
+func applyImageConfig(cfg *config.Config, ic model.ImageConfig) {
+	for _, kv := range ic.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			continue
+		}
+		if _, set := cfg.Env[k]; set {
+			continue
+		}
+		if cfg.Env == nil {
+			cfg.Env = map[string]string{}
+		}
+		cfg.Env[k] = v
+	}
+	p := &cfg.Isolation.Process
+	if p.User == "" {
+		user, group, _ := strings.Cut(ic.User, ":")
+		if user == "" {
+			user = "0"
+		}
+		p.User = user
+		if p.Group == "" {
+			p.Group = group
+		}
+	}
+	fs := &cfg.Isolation.Filesystem
+	if fs.WorkspaceRoot == "" && ic.WorkingDir != "" && ic.WorkingDir != "/" {
+		fs.WorkspaceRoot = ic.WorkingDir
+	}
+}
+
+// ListImages returns every image of the store, newest first.
+func (m *Manager) ListImages(ctx context.Context) ([]*model.Image, error) {
+	return m.images.List(), nil
+}
+
+// GetImage returns the image ref names.
+func (m *Manager) GetImage(ctx context.Context, ref string) (*model.Image, error) {
+	return m.images.Get(ref)
+}
+
+// PullImage pulls ref into the store, reporting per-layer progress.
+func (m *Manager) PullImage(ctx context.Context, ref string, progress func(model.PullProgress)) (*model.Image, error) {
+	return m.images.Pull(ctx, ref, image.PullOptions{Progress: progress})
+}
+
+// RemoveImage untags (and when unused, removes) the image ref names.
+func (m *Manager) RemoveImage(ctx context.Context, ref string, force bool) (model.ImageRemoval, error) {
+	return m.images.Remove(ref, force)
+}
+
+// PruneImages removes unused images and unreferenced layers.
+func (m *Manager) PruneImages(ctx context.Context, all bool) (model.ImagePrune, error) {
+	return m.images.Prune(all)
+}
+
+// ImageUsage accounts the image store's disk use.
+func (m *Manager) ImageUsage(ctx context.Context) (model.ImageUsage, error) {
+	return m.images.DiskUsage()
+}
