@@ -544,7 +544,7 @@ func BenchmarkCreateDiskWarm(b *testing.B) { benchCreate(b, 2) }
 // mount options (an image of many layers) and a read-only overlay of
 // lowers alone.
 func TestMountOverlayManyLowers(t *testing.T) {
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	long := strings.Repeat("l", 100)
 	var lowers []string
