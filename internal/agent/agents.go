@@ -121,7 +121,6 @@ var Definitions = map[string]*Definition{
 		Headless: func(o RunOptions, prompt string) []string {
 			return append(withModel([]string{"codex", "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"}, "--model", o), "--", prompt)
 		},
-		Env:  map[string]string{"CODEX_HOME": "$HOME/.codex"},
 		Home: codexHome,
 	},
 	"gemini": {

@@ -13,6 +13,18 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 )
 
+// RoutedAddr is the daemon's DNS answer for a name the jail's policy
+// routes (Policy.Routes): an address of the benchmarking range (RFC 2544),
+// which no host has; the jail's connections to it are redirected to the
+// proxy like any other, and the proxy sends them where the route says.
+var RoutedAddr = netip.MustParseAddr("198.18.0.1")
+
+// hasRoute reports whether the jail's policy routes name.
+func (js *jailState) hasRoute(name string) bool {
+	_, ok := js.pol().routeFor(name)
+	return ok
+}
+
 // dnsTTL is the TTL of the daemon's answers: short, so policy changes
 // reach cached names soon.
 const dnsTTL = 30
@@ -99,6 +111,11 @@ func (m *Manager) answerDNS(js *jailState, src string, q []byte, max int) []byte
 		d = Decision{Rule: "unsupported"}
 	case !d.Allow:
 		rh.RCode = dnsmessage.RCodeNameError
+	case question.Type == dnsmessage.TypeA && js.hasRoute(name):
+		// The proxy picks the upstream of a routed name: any address
+		// whose port 80 is redirected to it will do, and the name need
+		// not resolve anywhere (a model host reached offline, in tests).
+		answers = append(answers, RoutedAddr)
 	case question.Type == dnsmessage.TypeA:
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		ips, err := m.o.Resolver.LookupNetIP(ctx, "ip4", name)

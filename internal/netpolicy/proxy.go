@@ -35,13 +35,16 @@ type services struct {
 
 // connInfo describes a client connection handed to the HTTP server.
 type connInfo struct {
-	js        *jailState
-	via       string
-	orig      netip.AddrPort // original destination (transparent)
-	tlsHost   string         // inspected TLS: the name the client asked for
-	tlsPort   int
-	src       string
-	handshake time.Time
+	js      *jailState
+	via     string
+	orig    netip.AddrPort // original destination (transparent)
+	tlsHost string         // inspected TLS: the name the client asked for
+	// plainTunnel: a tunnel to a routed name carrying plain HTTP, read
+	// as transparent HTTP (by Host header) once the tunnel is granted.
+	plainTunnel bool
+	tlsPort     int
+	src         string
+	handshake   time.Time
 	// pid and comm own the jail's end of the connection (0, "" unknown).
 	pid  int
 	comm string
@@ -389,6 +392,21 @@ func (m *Manager) tunnel(cc *clientConn, host string, orig netip.Addr, port int,
 		refuse(VerdictLimit, Decision{Rule: lim}, nil)
 		return
 	}
+	if port != 443 && host != "" && js.hasRoute(host) {
+		// Plain HTTP to a routed name through a tunnel (clients that
+		// CONNECT even for http:// URLs): the proxy reads the requests
+		// and sends them where the route says.
+		if reply != nil {
+			if err := reply(d, VerdictAllow, nil); err != nil {
+				cc.Close()
+				return
+			}
+		}
+		cc.info.orig = netip.AddrPortFrom(RoutedAddr, uint16(port))
+		cc.info.plainTunnel = true
+		m.srv.httpLn.push(cc)
+		return
+	}
 	if port == 443 && host != "" && js.pol().inspect(host) {
 		if reply != nil {
 			if err := reply(d, VerdictAllow, nil); err != nil {
@@ -644,7 +662,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if host == "" {
 			host = ci.tlsHost
 		}
-	case ci.via == ViaTransparent:
+	case ci.via == ViaTransparent || ci.plainTunnel:
 		host, port = hostOnly(r.Host), int(ci.orig.Port())
 		if host == "" {
 			host = ci.orig.Addr().String()

@@ -51,7 +51,14 @@ func TestRoutesAndSecretCredentials(t *testing.T) {
 		t.Errorf("record: upstream %q credentials %v", ev.Upstream, ev.Credentials)
 	}
 
-	out, code = j.exec(t, proxyEnv, "curl", "-sS", "--max-time", "8", "http://plain.test/chat")
+	// Through a CONNECT tunnel, as Node's proxy agents send http:// too.
+	out, code = j.exec(t, proxyEnv, "curl", "-sS", "--max-time", "8", "--proxytunnel", "-x", j.att.Env["http_proxy"], "http://model.test/tunnelled")
+	if code != 0 || out != "hello from api.test /prefix/tunnelled" {
+		t.Fatalf("routed request through a tunnel: %q exit %d", out, code)
+	}
+	// Without the proxy variables: the daemon's DNS answers the routed name
+	// (which resolves nowhere) and the connection is redirected to the proxy.
+	out, code = j.exec(t, nil, "curl", "-sS", "--max-time", "8", "http://plain.test/chat")
 	if code != 0 || out != "hello from allowed.test:8080 /chat" {
 		t.Fatalf("routed plain request: %q exit %d", out, code)
 	}
