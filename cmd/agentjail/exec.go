@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -120,21 +121,49 @@ func newRunCmd(g *globals) *cobra.Command {
 	var ef execFlags
 	var rm bool
 	cmd := &cobra.Command{
-		Use:   "run [--rm] [flags] [--] CMD [ARG...]",
+		Use:   "run [--rm] [flags] [IMAGE] [--] CMD [ARG...]",
 		Short: "Create a jail, run one command in it, and exit with its status",
 		Long: `Create and start a jail, run CMD in it streaming its output, and exit with its
-status. With --rm the jail is destroyed afterwards, also when interrupted.`,
+status. With --rm the jail is destroyed afterwards, also when interrupted.
+
+With an IMAGE before "--" (or a lone argument that names an image, holding ':',
+'/' or '@'), the jail's root is that image (pulled first when the daemon lacks
+it), with its Env, WorkingDir and User; CMD follows the image's entrypoint and
+defaults to its Cmd:
+
+  agentjail run --rm python:3.12-slim -- python -c 'print(1)'`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if args[0] == "--" {
 				args = args[1:]
 			}
-			if len(args) == 0 {
+			var imageRef string
+			switch {
+			case len(args) >= 2 && args[1] == "--":
+				imageRef, args = args[0], args[2:]
+			case len(args) == 1 && strings.ContainsAny(args[0], ":/@"):
+				imageRef, args = args[0], nil
+			}
+			if len(args) == 0 && imageRef == "" {
 				return usageError{errors.New("run: no command given")}
 			}
 			creq, err := cf.request(cmd.InOrStdin())
 			if err != nil {
 				return err
+			}
+			var c *client.Client
+			if imageRef != "" {
+				if c, err = g.client(); err != nil {
+					return err
+				}
+				img, err := ensureImage(cmd.Context(), c, imageRef, cmd.ErrOrStderr())
+				if err != nil {
+					return err
+				}
+				creq.Config.Isolation.Filesystem.Rootfs = "image:" + imageRef
+				if args = imageCommand(img.Config, args); len(args) == 0 {
+					return usageError{fmt.Errorf("run: image %s has no Cmd or Entrypoint: give a command after --", imageRef)}
+				}
 			}
 			if cf.file == "-" && ef.stdin {
 				return usageError{errors.New("run: -f - and -i both read stdin")}
@@ -143,9 +172,10 @@ status. With --rm the jail is destroyed afterwards, also when interrupted.`,
 			if err != nil {
 				return err
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
+			if c == nil {
+				if c, err = g.client(); err != nil {
+					return err
+				}
 			}
 			j, err := c.Create(cmd.Context(), creq)
 			if err != nil {

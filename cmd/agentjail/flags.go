@@ -87,7 +87,7 @@ func (f *createFlags) register(fs *pflag.FlagSet, withNoStart bool) {
 	fs.StringVar(&f.disk, "disk", "", "size of the writable layer, e.g. 1g")
 	fs.Int64Var(&f.pids, "pids", 0, "maximum number of tasks")
 	fs.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every command's environment (repeatable)")
-	fs.StringVar(&f.rootfs, "rootfs", "", `root filesystem: "host" or "dir:/path"`)
+	fs.StringVar(&f.rootfs, "rootfs", "", `root filesystem: "host", "dir:/path" or "image:REF"`)
 	if withNoStart {
 		fs.BoolVar(&f.noStart, "no-start", false, "create the jail without starting it")
 	}

@@ -39,6 +39,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var runtime, criu, poolSize, toolsDir, secretsFile string
 	var warmJails int
 	var net netFlags
+	var insecureRegistries []string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon",
@@ -65,6 +66,7 @@ next start.`,
 			}
 			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, CRIU: criu, PoolSize: pool, WarmJails: warmJails,
 				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}
+			opts.Registries.Insecure = insecureRegistries
 			if net.hostsFile != "" {
 				hosts, err := readHostsFile(net.hostsFile)
 				if err != nil {
@@ -76,6 +78,7 @@ next start.`,
 		},
 	}
 	cmd.Flags().StringVar(&runtime, "runtime", "runc", "OCI runtime binary")
+	cmd.Flags().StringSliceVar(&insecureRegistries, "insecure-registry", nil, "a registry (host:port) that image pulls may reach over plain HTTP (repeatable); credentials for others come from ~/.docker/config.json")
 	cmd.Flags().StringVar(&toolsDir, "tools-dir", "", "where agent CLIs are installed, one read-only tree per version shared by all jails (default DATA_DIR/tools)")
 	cmd.Flags().StringVar(&secretsFile, "secrets-file", "", "KEY=VALUE file (mode 0600) of the model API keys the proxy adds for agents, e.g. ANTHROPIC_API_KEY (default DATA_DIR/secrets.env; the daemon's environment is read too)")
 	cmd.Flags().StringVar(&criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
@@ -190,7 +193,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		return err
 	}
 	defer e2bSvc.Close()
-	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents),
+	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents), api.WithImages(mgr),
 		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc))
 	// The console serves its pages and sessions and hands every API route
 	// to the API's handler.

@@ -95,7 +95,7 @@ type ndjsonWriter struct {
 	started bool
 }
 
-func (n *ndjsonWriter) write(ev StreamEvent) error {
+func (n *ndjsonWriter) write(ev any) error {
 	line, err := json.Marshal(ev)
 	if err != nil {
 		return err

@@ -154,6 +154,18 @@ func TestOpenAPISchemas(t *testing.T) {
 		"TerminalTicket":  TerminalTicket{},
 		"RecordingInfo":   model.Recording{},
 		"RecordingList":   RecordingList{},
+		"Image":           model.Image{},
+		"ImageLayer":      model.ImageLayer{},
+		"ImageConfig":     model.ImageConfig{},
+		"ImageUsage":      model.ImageUsage{},
+		"ImageList":       ImageList{},
+		"PullRequest":     PullRequest{},
+		"PullProgress":    model.PullProgress{},
+		"ImageEvent":      ImageEvent{},
+		"ImageRemoval":    model.ImageRemoval{},
+		"PruneRequest":    PruneRequest{},
+		"ImagePrune":      model.ImagePrune{},
+		"CommitRequest":   model.CommitRequest{},
 	} {
 		s, ok := doc.Components.Schemas[name]
 		if !ok {

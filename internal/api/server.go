@@ -155,6 +155,13 @@ var routes = []route{
 	{http.MethodPost, "/snapshots/{sid}/branch", (*server).branchSnapshot, true},
 	{http.MethodGet, "/snapshots/{sid}/diff", (*server).snapshotDiff, true},
 	{http.MethodGet, "/diff", (*server).diff, true},
+	{http.MethodGet, "/images", (*server).listImages, true},
+	{http.MethodPost, "/images/pull", (*server).pullImage, true},
+	{http.MethodPost, "/images/load", (*server).loadImages, true},
+	{http.MethodPost, "/images/prune", (*server).pruneImages, true},
+	{http.MethodGet, "/images/{ref...}", (*server).getImage, true},
+	{http.MethodDelete, "/images/{ref...}", (*server).deleteImage, true},
+	{http.MethodPost, "/jails/{id}/commit", (*server).commitJail, true},
 	{http.MethodPost, "/keys", (*server).createKey, true},
 	{http.MethodGet, "/keys", (*server).listKeys, true},
 	{http.MethodDelete, "/keys/{kid}", (*server).deleteKey, true},
@@ -174,6 +181,8 @@ type server struct {
 	tickets ticketStore
 	// keys is the API key store (nil: the /keys routes answer 501).
 	keys *apikey.Store
+	// images serves the image routes (nil: they answer 501).
+	images ImageService
 	// mounts are handlers served below a path prefix (WithMount).
 	mounts []mount
 	// agents serves the agent routes (nil: 501).

@@ -122,4 +122,3 @@ func TestCommitUpperAsLayer(t *testing.T) {
 		t.Fatalf("commit with a digest as tag: %v", err)
 	}
 }
-

@@ -143,6 +143,10 @@ func (s *Store) indexPath() string { return filepath.Join(s.dir, "index.json") }
 func (s *Store) layersDir() string { return filepath.Join(s.dir, "layers") }
 func (s *Store) tmpDir() string    { return filepath.Join(s.dir, "tmp") }
 
+// TmpDir is the store's scratch directory (swept at Open): archives to
+// load are best spooled there.
+func (s *Store) TmpDir() string { return s.tmpDir() }
+
 // configPath is where the raw config of image id is kept.
 func (s *Store) configPath(id string) string {
 	return filepath.Join(s.dir, "configs", hexOf(id)+".json")

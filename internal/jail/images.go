@@ -3,12 +3,17 @@ package jail
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 
+	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/backend/container"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/netpolicy"
+	"github.com/agentjail/agentjail/internal/snapshot"
 )
 
 // Images returns the manager's image store.
@@ -122,4 +127,60 @@ func (m *Manager) PruneImages(ctx context.Context, all bool) (model.ImagePrune, 
 // ImageUsage accounts the image store's disk use.
 func (m *Manager) ImageUsage(ctx context.Context) (model.ImageUsage, error) {
 	return m.images.DiskUsage()
+}
+
+// LoadImages imports the images of the archive at path.
+func (m *Manager) LoadImages(ctx context.Context, path string, progress func(model.PullProgress)) ([]*model.Image, error) {
+	return m.images.Load(ctx, path, progress)
+}
+
+// LoadDir is where the API spools uploaded archives (on the store's
+// filesystem).
+func (m *Manager) LoadDir() string { return m.images.TmpDir() }
+
+// Commit writes the jail's changes (its upper layer, without the files
+// the daemon itself puts there) as a layer on top of the jail's image.
+func (m *Manager) Commit(ctx context.Context, ref string, req model.CommitRequest) (*model.Image, error) {
+	e, err := m.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	j := e.snapshot()
+	parent := image.PinnedID(j.Config.Isolation.Filesystem.Rootfs)
+	if parent == "" {
+		return nil, errdefs.Unprocessablef("jail %s: commit needs a jail made of an image (its rootfs is %q)", j.Name, j.Config.Isolation.Filesystem.Rootfs)
+	}
+	if j.Status == model.StateCreated {
+		return nil, errdefs.Conflictf("jail %s was never started; it has no changes to commit", j.Name)
+	}
+	lb, ok := m.backend.(backend.Layered)
+	if !ok {
+		return nil, errdefs.NotImplementedf("the %s backend cannot commit file trees", m.backend.Capabilities().Level)
+	}
+	_, upper, err := lb.Layers(m.instance(e))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(upper); err != nil {
+		return nil, errdefs.Conflictf("jail %s: its disk is not mounted (%v)", j.Name, err)
+	}
+	shift := 0
+	if ns := j.Config.Isolation.Process.Namespaces; ns != nil && ns.User != nil && *ns.User {
+		shift = container.UIDMapBase
+	}
+	return m.images.Commit(ctx, image.CommitRequest{
+		Parent: parent, Upper: upper, Shift: shift, Tag: req.Ref, Comment: req.Comment,
+		Skip: daemonWritten,
+	})
+}
+
+// daemonWritten reports the jail paths the daemon itself writes into a
+// jail's root (its mount points, the network's resolver and CA files):
+// a commit leaves them out.
+func daemonWritten(p string) bool {
+	switch p {
+	case "/etc/resolv.conf", netpolicy.JailCAPath, netpolicy.JailTrustStore:
+		return true
+	}
+	return snapshot.SkipInternal(p)
 }

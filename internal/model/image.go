@@ -98,3 +98,11 @@ type ImageUsage struct {
 	UnusedLayers int   `json:"unused_layers"`
 	UnusedBytes  int64 `json:"unused_bytes"`
 }
+
+// CommitRequest is the body of POST /jails/{id}/commit.
+type CommitRequest struct {
+	// Ref tags the new image ("" for none).
+	Ref string `json:"ref,omitempty"`
+	// Comment goes into the image's history.
+	Comment string `json:"comment,omitempty"`
+}

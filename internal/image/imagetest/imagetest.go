@@ -378,3 +378,32 @@ func OCIArchive(t testing.TB, dir, ref string, img v1.Image) string {
 	}
 	return p
 }
+
+// busyboxApplets are the commands Busybox links into /bin.
+var busyboxApplets = []string{"sh", "cat", "id", "pwd", "env", "ls", "echo", "touch", "rm", "mkdir", "stat", "true", "false", "sleep", "wc", "head", "dd", "sync"}
+
+// Busybox returns the entries of a small root filesystem: the host's
+// static busybox (path) as /bin/busybox with its applets, /etc/passwd
+// and /etc/group with root and app (uid 1234), /tmp and /home/app.
+func Busybox(t testing.TB, path string) []Entry {
+	t.Helper()
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := []Entry{
+		{Name: "bin/", Type: tar.TypeDir},
+		{Name: "bin/busybox", Body: string(bin), Mode: 0o755},
+		{Name: "etc/", Type: tar.TypeDir},
+		{Name: "etc/passwd", Body: "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234:app:/home/app:/bin/sh\n"},
+		{Name: "etc/group", Body: "root:x:0:\napp:x:1234:\n"},
+		{Name: "tmp/", Type: tar.TypeDir, Mode: 0o1777},
+		{Name: "root/", Type: tar.TypeDir, Mode: 0o700},
+		{Name: "home/", Type: tar.TypeDir},
+		{Name: "home/app/", Type: tar.TypeDir, Uid: 1234, Gid: 1234},
+	}
+	for _, a := range busyboxApplets {
+		entries = append(entries, Entry{Name: "bin/" + a, Type: tar.TypeSymlink, Linkname: "busybox"})
+	}
+	return entries
+}
