@@ -37,12 +37,13 @@ var statusKinds = []struct {
 	{errdefs.ErrNotImplemented, http.StatusNotImplemented},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable},
 	{errdefs.ErrTimeout, http.StatusGatewayTimeout},
+	{errdefs.ErrUnresponsive, http.StatusGatewayTimeout},
 }
 
 // HTTPStatus returns the HTTP status of err's kind: 400 ErrInvalid,
 // 422 ErrUnprocessable, 404 ErrNotFound, 409 ErrConflict, 403 ErrForbidden,
 // 401 ErrUnauthorized, 413 ErrTooLarge, 501 ErrNotImplemented,
-// 503 ErrUnavailable, 504 ErrTimeout, and 500 for an error without a kind.
+// 503 ErrUnavailable, 504 ErrTimeout and ErrUnresponsive, and 500 for an error without a kind.
 func HTTPStatus(err error) int {
 	for _, k := range statusKinds {
 		if errors.Is(err, k.kind) {

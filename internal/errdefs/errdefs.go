@@ -22,6 +22,7 @@ var (
 	ErrNotImplemented = errors.New("not implemented")  // 501: backend lacks the capability
 	ErrUnavailable    = errors.New("unavailable")      // 503: dependency missing or busy
 	ErrTimeout        = errors.New("timeout")          // 504
+	ErrUnresponsive   = errors.New("unresponsive")     // 504: a jail's init does not answer
 )
 
 // kindError carries a message and a kind, and optionally a cause.
@@ -105,4 +106,5 @@ var kinds = []struct {
 	{ErrNotImplemented, "not_implemented"},
 	{ErrUnavailable, "unavailable"},
 	{ErrTimeout, "timeout"},
+	{ErrUnresponsive, "jail_unresponsive"},
 }

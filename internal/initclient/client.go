@@ -5,6 +5,17 @@
 //
 // Every call opens its own connection, so a Client is safe for concurrent
 // use and holds no resources between calls.
+//
+// Deadlines. Nothing a jail does may hang the daemon, and a jail's root
+// may stop its init (or init may be frozen, or starved). Connecting has a
+// deadline (DialTimeout). Calls may legitimately take long (a recursive
+// remove, a quiet command, an idle terminal), so the answer itself has no
+// fixed deadline: instead, while a connection is open, init's liveness is
+// checked over a second connection (a ping after LivenessAfter, then every
+// LivenessInterval, each answered within PingTimeout). When init does not
+// answer, every blocked read and write of the connection fails, the call
+// returns errdefs.ErrUnresponsive, and the client's OnUnresponsive hook is
+// told.
 package initclient
 
 import (
@@ -13,9 +24,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,6 +40,9 @@ import (
 // Client talks to one jail's init.
 type Client struct {
 	socketPath string
+	// OnUnresponsive, when set, is called (on its own goroutine) each
+	// time a call finds that init does not answer.
+	OnUnresponsive func(err error)
 }
 
 // New returns a client of the init listening on socketPath (a host path).
@@ -36,6 +52,28 @@ func New(socketPath string) *Client {
 	return &Client{socketPath: socketPath}
 }
 
+// The deadlines of the daemon's calls into a jail (see the package doc).
+const (
+	// DialTimeout bounds connecting to init's socket.
+	DialTimeout = 5 * time.Second
+	// LivenessAfter is how long a call runs before init's liveness is
+	// first checked.
+	LivenessAfter = 2 * time.Second
+	// LivenessInterval is the period of the checks after the first.
+	LivenessInterval = 5 * time.Second
+	// PingTimeout bounds one check, connection included.
+	PingTimeout = 5 * time.Second
+)
+
+// unresponsive is the error of a call to an init that did not answer.
+func (c *Client) unresponsive(op string, cause error) error {
+	err := errdefs.Wrap(errdefs.ErrUnresponsive, cause, "%s: the jail's init does not answer", op)
+	if c.OnUnresponsive != nil {
+		go c.OnUnresponsive(err)
+	}
+	return err
+}
+
 // maxSunPath is the longest path a unix socket address holds.
 const maxSunPath = 107
 
@@ -43,15 +81,109 @@ const maxSunPath = 107
 // after an exec is cancelled.
 const killTimeout = 10 * time.Second
 
-// conn is one control connection.
+// conn is one control connection, watched for init's liveness until it
+// is closed.
 type conn struct {
 	net.Conn
 	r   *bufio.Reader
 	buf []byte
+
+	c     *Client
+	mu    sync.Mutex
+	timer *time.Timer // the next liveness check; nil once closed
+	dead  error       // set when init did not answer a check
 }
 
-// dial connects to init. Failing to connect is ErrUnavailable.
+// dial connects to init and starts watching its liveness. Failing to
+// connect is ErrUnavailable; not connecting within DialTimeout is
+// ErrUnresponsive.
 func (c *Client) dial(ctx context.Context) (*conn, error) {
+	nc, err := c.connect(ctx, "connect")
+	if err != nil {
+		return nil, err
+	}
+	cn := &conn{Conn: nc, r: bufio.NewReaderSize(nc, 64<<10), c: c}
+	cn.timer = time.AfterFunc(LivenessAfter, cn.check)
+	return cn, nil
+}
+
+// check pings init over a connection of its own; when init does not
+// answer, it fails the blocked I/O of cn. Else it schedules the next
+// check.
+func (cn *conn) check() {
+	ctx, cancel := context.WithTimeout(context.Background(), PingTimeout)
+	err := cn.c.ping(ctx)
+	cancel()
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.timer == nil {
+		return // closed meanwhile
+	}
+	if errors.Is(err, errdefs.ErrUnresponsive) {
+		cn.dead = err
+		cn.Conn.SetDeadline(time.Unix(1, 0))
+		return
+	}
+	// Any other failure (init gone) shows on cn itself.
+	cn.timer.Reset(LivenessInterval)
+}
+
+// Close stops the liveness checks and closes the connection.
+func (cn *conn) Close() error {
+	cn.mu.Lock()
+	if cn.timer != nil {
+		cn.timer.Stop()
+		cn.timer = nil
+	}
+	cn.mu.Unlock()
+	return cn.Conn.Close()
+}
+
+// connError is the error of a long-lived connection that ended:
+// ErrUnresponsive when a liveness check found init unresponsive, else
+// ErrUnavailable with msg.
+func connError(cn *conn, msg string, err error) error {
+	if dead := cn.deadErr(); dead != nil {
+		return fmt.Errorf("%s: %w", msg, dead)
+	}
+	return errdefs.Wrap(errdefs.ErrUnavailable, err, "%s", msg)
+}
+
+// deadErr is the error of a check that found init unresponsive, or nil.
+func (cn *conn) deadErr() error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.dead
+}
+
+// ping sends one ping on a connection of its own, unwatched: ctx's
+// deadline bounds the dial and the answer, and missing it is
+// ErrUnresponsive.
+func (c *Client) ping(ctx context.Context) error {
+	nc, err := c.connect(ctx, "ping")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if d, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(d)
+	}
+	cn := &conn{Conn: nc, r: bufio.NewReaderSize(nc, 512)}
+	err = initproto.WriteJSON(cn, initproto.MsgPing, nil)
+	if err == nil {
+		_, _, err = cn.read()
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return c.unresponsive("liveness check", err)
+		}
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "ping: connection to jail init failed")
+	}
+	return nil
+}
+
+// connect opens a connection to init's socket within DialTimeout.
+func (c *Client) connect(ctx context.Context, op string) (net.Conn, error) {
 	addr := c.socketPath
 	if len(addr) > maxSunPath {
 		fd, err := unix.Open(filepath.Dir(addr), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -61,15 +193,22 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 		defer unix.Close(fd)
 		addr = "/proc/self/fd/" + strconv.Itoa(fd) + "/" + filepath.Base(addr)
 	}
-	var d net.Dialer
+	d := net.Dialer{Timeout: DialTimeout}
 	nc, err := d.DialContext(ctx, "unix", addr)
 	if err != nil {
 		if ctx.Err() != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) && op == "ping" {
+				return nil, c.unresponsive(op, err)
+			}
 			return nil, ctx.Err()
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, c.unresponsive(op, err)
 		}
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "jail init is not reachable at %s", c.socketPath)
 	}
-	return &conn{Conn: nc, r: bufio.NewReaderSize(nc, 64<<10)}, nil
+	return nc, nil
 }
 
 // read reads one frame; the payload is valid until the next read.
@@ -89,10 +228,17 @@ func guard(ctx context.Context, cn *conn) (stop func() bool) {
 }
 
 // ioError converts a failure of the connection itself: ctx's error when
-// ctx is done, else ErrUnavailable.
-func ioError(ctx context.Context, op string, err error) error {
+// ctx is done, ErrUnresponsive when init did not answer (a liveness check
+// or a read deadline), else ErrUnavailable.
+func ioError(ctx context.Context, cn *conn, op string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if dead := cn.deadErr(); dead != nil {
+		return fmt.Errorf("%s: %w", op, dead)
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return cn.c.unresponsive(op, err)
 	}
 	return errdefs.Wrap(errdefs.ErrUnavailable, err, "%s: connection to jail init failed", op)
 }
@@ -145,7 +291,7 @@ func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, 
 	stop := guard(ctx, cn)
 	defer stop()
 	if err := initproto.WriteJSON(cn, t, req); err != nil {
-		return ioError(ctx, op, err)
+		return ioError(ctx, cn, op, err)
 	}
 	return readAnswer(ctx, cn, op, out)
 }
@@ -154,7 +300,7 @@ func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, 
 func readAnswer(ctx context.Context, cn *conn, op string, out any) error {
 	rt, payload, err := cn.read()
 	if err != nil {
-		return ioError(ctx, op, err)
+		return ioError(ctx, cn, op, err)
 	}
 	switch rt {
 	case initproto.MsgOK:

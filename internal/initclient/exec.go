@@ -54,14 +54,14 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 	early := context.AfterFunc(ctx, func() { cn.Close() })
 	if err := initproto.WriteJSON(cn, initproto.MsgExec, req); err != nil {
 		early()
-		return initproto.ExitStatus{}, ioError(ctx, "exec", err)
+		return initproto.ExitStatus{}, ioError(ctx, cn, "exec", err)
 	}
 	t, payload, err := cn.read()
 	if !early() {
 		return initproto.ExitStatus{}, ctx.Err()
 	}
 	if err != nil {
-		return initproto.ExitStatus{}, ioError(ctx, "exec", err)
+		return initproto.ExitStatus{}, ioError(ctx, cn, "exec", err)
 	}
 	var started initproto.Started
 	switch t {
@@ -110,7 +110,7 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 			if errors.Is(err, io.EOF) {
 				err = errNoExit
 			}
-			return initproto.ExitStatus{Pid: started.Pid}, ioError(ctx, "exec", err)
+			return initproto.ExitStatus{Pid: started.Pid}, ioError(ctx, cn, "exec", err)
 		}
 		switch t {
 		case initproto.MsgStdout, initproto.MsgStderr:

@@ -53,7 +53,7 @@ func (c *Client) ReadFile(ctx context.Context, path string) (initproto.FileInfo,
 		return info, nil, err
 	}
 	if err := initproto.WriteJSON(cn, initproto.MsgReadFile, initproto.PathRequest{Path: path}); err != nil {
-		return fail(ioError(ctx, "read file", err))
+		return fail(ioError(ctx, cn, "read file", err))
 	}
 	if err := readAnswer(ctx, cn, "read file", &info); err != nil {
 		return fail(err)
@@ -79,7 +79,7 @@ func (f *fileReader) Read(p []byte) (int, error) {
 		t, payload, err := f.cn.read()
 		switch {
 		case err != nil:
-			f.err = ioError(f.ctx, "read file", err)
+			f.err = ioError(f.ctx, f.cn, "read file", err)
 		case t == initproto.MsgData:
 			f.pending = payload
 		case t == initproto.MsgEOF:
@@ -122,7 +122,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, opts i
 	stop := guard(ctx, cn)
 	defer stop()
 	if err := initproto.WriteJSON(cn, initproto.MsgWriteFile, initproto.WriteRequest{Path: path, WriteOptions: opts}); err != nil {
-		return info, ioError(ctx, "write file", err)
+		return info, ioError(ctx, cn, "write file", err)
 	}
 	if err := readAnswer(ctx, cn, "write file", nil); err != nil {
 		return info, err
@@ -136,7 +136,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, opts i
 				if aerr := readAnswer(ctx, cn, "write file", nil); aerr != nil {
 					return info, aerr
 				}
-				return info, ioError(ctx, "write file", err)
+				return info, ioError(ctx, cn, "write file", err)
 			}
 		}
 		if rerr == io.EOF {
@@ -147,7 +147,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, opts i
 		}
 	}
 	if err := initproto.WriteFrame(cn, initproto.MsgEOF, nil); err != nil {
-		return info, ioError(ctx, "write file", err)
+		return info, ioError(ctx, cn, "write file", err)
 	}
 	err = readAnswer(ctx, cn, "write file", &info)
 	return info, err

@@ -67,11 +67,11 @@ func (c *Client) open(ctx context.Context, op string, t initproto.MsgType, req a
 		return nil, st, err
 	}
 	if err := initproto.WriteJSON(cn, t, req); err != nil {
-		return fail(ioError(ctx, op, err))
+		return fail(ioError(ctx, cn, op, err))
 	}
 	rt, payload, err := cn.read()
 	if err != nil {
-		return fail(ioError(ctx, op, err))
+		return fail(ioError(ctx, cn, op, err))
 	}
 	if !early() {
 		cn.Close()
@@ -118,7 +118,7 @@ func (p *Process) Next() (initproto.MsgType, []byte, error) {
 		if errors.Is(err, io.EOF) {
 			err = errNoExit
 		}
-		p.readErr = errdefs.Wrap(errdefs.ErrUnavailable, err, "process: connection to jail init ended")
+		p.readErr = connError(p.cn, "process: connection to jail init ended", err)
 		return 0, nil, p.readErr
 	}
 	switch rt {
@@ -191,7 +191,7 @@ func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*Watch
 	if err == nil {
 		err = readAnswer(ctx, cn, "watch", nil)
 	} else {
-		err = ioError(ctx, "watch", err)
+		err = ioError(ctx, cn, "watch", err)
 	}
 	if fired := stop(); err != nil || fired {
 		cn.Close()
@@ -209,7 +209,7 @@ func (w *Watch) Next() (initproto.WatchEvent, error) {
 	var ev initproto.WatchEvent
 	rt, payload, err := w.cn.read()
 	if err != nil {
-		return ev, errdefs.Wrap(errdefs.ErrUnavailable, err, "watch: connection to jail init ended")
+		return ev, connError(w.cn, "watch: connection to jail init ended", err)
 	}
 	switch rt {
 	case initproto.MsgOK:

@@ -86,7 +86,7 @@ func (t *Terminal) Next() ([]byte, error) {
 			if errors.Is(err, io.EOF) {
 				err = errNoExit
 			}
-			t.readErr = errdefs.Wrap(errdefs.ErrUnavailable, err, "terminal: connection to jail init ended")
+			t.readErr = connError(t.cn, "terminal: connection to jail init ended", err)
 			return nil, t.readErr
 		}
 		switch rt {
@@ -110,6 +110,7 @@ func (t *Terminal) Next() ([]byte, error) {
 	}
 }
 
+
 // Exit returns the command's exit status once Next returned io.EOF.
 func (t *Terminal) Exit() (initproto.ExitStatus, bool) { return t.exit, t.exited }
 
@@ -117,7 +118,7 @@ func (t *Terminal) send(typ initproto.MsgType, payload []byte) error {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	if err := initproto.WriteFrame(t.cn, typ, payload); err != nil {
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "terminal: connection to jail init failed")
+		return connError(t.cn, "terminal: connection to jail init failed", err)
 	}
 	return nil
 }
@@ -126,7 +127,7 @@ func (t *Terminal) sendJSON(typ initproto.MsgType, v any) error {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	if err := initproto.WriteJSON(t.cn, typ, v); err != nil {
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "terminal: connection to jail init failed")
+		return connError(t.cn, "terminal: connection to jail init failed", err)
 	}
 	return nil
 }

@@ -44,6 +44,16 @@ func (p *process) killFor(timeout bool) {
 	}
 	p.killed, p.timedOut = true, timeout
 	p.shim.kill()
+	// A shim stopped by the jail's root cannot act on the kill: past a
+	// grace, kill the shim itself.
+	sh := p.shim
+	time.AfterFunc(shimKillGrace, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.finished && !sh.exited() {
+			_ = unix.Kill(sh.pid, unix.SIGKILL)
+		}
+	})
 }
 
 // finish marks the command as finished and reports whether its timeout
@@ -369,8 +379,16 @@ func (s *Server) runOnShim(sh *shimProc, spec *shimSpec, fds []int) (int, unix.E
 		return 0, 0, fmt.Errorf("start command: %w", err)
 	}
 	buf := make([]byte, 512)
+	// A shim stopped by the jail's root never answers: bound the wait and
+	// kill it.
+	sh.ctrl.SetReadDeadline(time.Now().Add(shimAnswerTimeout))
 	typ, body, err := sh.recv(buf)
+	sh.ctrl.SetReadDeadline(time.Time{})
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			_ = unix.Kill(sh.pid, unix.SIGKILL)
+			err = fmt.Errorf("no answer within %v (stopped?); killed", shimAnswerTimeout)
+		}
 		sh.ctrl.Close()
 		return 0, 0, fmt.Errorf("start command: shim %d: %w", sh.pid, err)
 	}

@@ -96,6 +96,10 @@ func Main(args []string) int {
 // runInit is init's life; it returns only a start error or nil after a
 // graceful shutdown.
 func runInit(dir string) error {
+	// Nothing in the jail, root included, may trace or stop init.
+	if err := protectSelf(); err != nil {
+		return err
+	}
 	// Descriptors inherited beyond stdio must not reach shims and commands.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)

@@ -97,6 +97,13 @@ const reapInterval = time.Second
 // every few tens of microseconds for as long as commands keep coming,
 // competing with the commands for the CPU.
 func runShim() int {
+	// Nothing in the jail may trace the shim: it runs as root and holds
+	// init's end of the command. A shim traced before it could refuse
+	// exits; init starts another.
+	if err := protectSelf(); err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail shim: %v\n", err)
+		return 1
+	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: set child subreaper: %v\n", err)
 		return 1

@@ -124,6 +124,11 @@ func (sp *shimPool) get() (*shimProc, error) {
 		if sh.exited() {
 			sh.ctrl.Close()
 			sh = nil
+		} else if stopped(sh.pid) {
+			// Stopped by the jail's root: it would never answer.
+			_ = unix.Kill(sh.pid, unix.SIGKILL)
+			sh.ctrl.Close()
+			sh = nil
 		}
 	}
 	sp.paused = false

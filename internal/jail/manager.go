@@ -114,12 +114,21 @@ type entry struct {
 	unwait func()
 	// obs is the record of the jail's current (or last) run.
 	obs *observation
+	// health says whether the running jail's init answers.
+	health health
 }
 
-// view is the jail as the API shows it: credential values redacted.
+// view is the jail as the API shows it: credential values redacted, and
+// a running jail whose init does not answer shown as unresponsive.
 func (e *entry) view() *model.Jail {
-	j := e.snapshot()
+	e.mu.RLock()
+	j, h := e.rec, e.health
+	e.mu.RUnlock()
 	j.Config = j.Config.Redact()
+	if h.unresponsive && j.Status == model.StateRunning && h.pid == j.Pid {
+		j.Status = model.StateUnresponsive
+		j.Error = fmt.Sprintf("the jail's init (pid %d) has not answered since %s", h.pid, h.since.Format(time.RFC3339))
+	}
 	return &j
 }
 
@@ -512,7 +521,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
 		return nil, err
 	}
 	j := e.view()
-	if j.Status == model.StateRunning {
+	if j.Status == model.StateRunning || j.Status == model.StateUnresponsive {
 		if st, err := m.backend.Stats(ctx, m.instance(e)); err == nil {
 			j.Stats = &model.Stats{
 				MemoryBytes: st.MemoryBytes, MemoryLimitBytes: st.MemoryLimitBytes,

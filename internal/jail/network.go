@@ -77,13 +77,14 @@ var eventFiles = map[string]string{
 	"syscalls":   "syscalls.jsonl",
 	"filesystem": "filesystem.jsonl",
 	"processes":  "processes.jsonl",
+	"jail":       "jail.jsonl",
 }
 
 // EventLog opens one of a jail's JSONL event files.
 func (m *Manager) EventLog(ctx context.Context, ref, stream string) (io.ReadCloser, error) {
 	name, ok := eventFiles[stream]
 	if !ok {
-		return nil, errdefs.Invalidf("event stream %q: want network, syscalls, filesystem or processes", stream)
+		return nil, errdefs.Invalidf("event stream %q: want network, syscalls, filesystem, processes or jail", stream)
 	}
 	e, err := m.lookup(ref)
 	if err != nil {

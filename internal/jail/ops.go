@@ -57,7 +57,11 @@ func (m *Manager) running(ref string) (backend.Instance, *initclient.Client, err
 		return backend.Instance{}, nil, errdefs.Conflictf("jail %s is %s; it must be running", j.Name, j.Status)
 	}
 	inst := m.instance(e)
-	return inst, m.backend.Control(inst), nil
+	c, err := m.client(e, inst)
+	if err != nil {
+		return backend.Instance{}, nil, err
+	}
+	return inst, c, nil
 }
 
 // cappedBuffer keeps the first max bytes written to it.

@@ -13,15 +13,18 @@ import (
 type State string
 
 // The lifecycle states: created → starting → running → stopping → stopped,
-// with error (a start failed or init died) and destroyed.
+// with error (a start failed or init died) and destroyed. A running jail
+// whose init does not answer is shown as unresponsive until it answers
+// again (it can be stopped and destroyed as a running one).
 const (
-	StateCreated   State = "created"
-	StateStarting  State = "starting"
-	StateRunning   State = "running"
-	StateStopping  State = "stopping"
-	StateStopped   State = "stopped"
-	StateError     State = "error"
-	StateDestroyed State = "destroyed"
+	StateCreated      State = "created"
+	StateStarting     State = "starting"
+	StateRunning      State = "running"
+	StateStopping     State = "stopping"
+	StateStopped      State = "stopped"
+	StateError        State = "error"
+	StateDestroyed    State = "destroyed"
+	StateUnresponsive State = "unresponsive"
 )
 
 // CreateRequest is the body of POST /jails: a name, whether to start, and

@@ -32,6 +32,7 @@ const (
 	TypeProc                    // fork, exec or exit of a process, or one a restore brought back
 	TypeLost                    // events that were dropped, with their count
 	TypeNotice                  // a note to one subscriber (skipped ahead); never stored
+	TypeJail                    // a change in the jail's health (its init stopped or resumed answering)
 )
 
 var typeNames = [...]string{
@@ -41,6 +42,7 @@ var typeNames = [...]string{
 	TypeProc:    "proc",
 	TypeLost:    "lost",
 	TypeNotice:  "notice",
+	TypeJail:    "jail",
 }
 
 // String returns the JSON name of t ("syscall", "file", ...).
@@ -117,7 +119,7 @@ type Event struct {
 	FDs   [2]int32 // syscall: the descriptors a successful pipe, pipe2 or socketpair filled in
 
 	// file, proc
-	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit, restored; net: the record kind (netcap.Op*)
+	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit, restored; net: the record kind (netcap.Op*); jail: unresponsive, responsive
 	Bytes int64  // file: bytes moved by the reads or writes of one open; net: bytes
 	Count int64  // file: number of calls aggregated
 	FD    int32  // file: the descriptor, -1 when none
@@ -157,10 +159,10 @@ type Event struct {
 	SharedFiles   bool  // fork: shares the caller's descriptor table
 	CallerTID     int32 // fork: host tid of the thread that called clone; exec: host tid before exec
 
-	// lost, notice
+	// lost, notice, jail
 	Lost    uint64 // lost: events dropped; notice: events skipped
 	Source  string // lost: LostKernel or LostWriter
-	Message string // notice
+	Message string // notice, jail
 }
 
 // Name returns the syscall's name for a syscall event ("" when unknown).
@@ -276,6 +278,9 @@ func (e *Event) AppendJSON(b []byte) []byte {
 	case TypeNotice:
 		b = appendStringField(b, "message", e.Message)
 		b = appendUintField(b, "skipped", e.Lost)
+	case TypeJail:
+		b = appendStringField(b, "op", e.Op)
+		b = appendStringField(b, "message", e.Message)
 	}
 	return append(b, '}')
 }

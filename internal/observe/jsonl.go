@@ -15,9 +15,10 @@ const (
 	FilesystemFile = "filesystem.jsonl"
 	NetworkFile    = "network.jsonl"
 	ProcessesFile  = "processes.jsonl"
+	JailFile       = "jail.jsonl"
 )
 
-var streamFiles = [...]string{SyscallsFile, FilesystemFile, NetworkFile, ProcessesFile}
+var streamFiles = [...]string{SyscallsFile, FilesystemFile, NetworkFile, ProcessesFile, JailFile}
 
 // streamOf returns the index in streamFiles of the file that stores t, or
 // -1 (lost events go to every file, notices to none).
@@ -31,6 +32,8 @@ func streamOf(t Type) int {
 		return 2
 	case TypeProc:
 		return 3
+	case TypeJail:
+		return 4
 	}
 	return -1
 }
@@ -52,7 +55,7 @@ type chunk struct {
 }
 
 // Writer appends a jail's events to its JSONL files (events/syscalls.jsonl,
-// filesystem.jsonl, network.jsonl, processes.jsonl), one JSON object per
+// filesystem.jsonl, network.jsonl, processes.jsonl, jail.jsonl), one JSON object per
 // line. Formatting happens in the caller; the disk is written by a goroutine
 // of the Writer's own, fed through a bounded queue. When the queue is full the
 // Writer drops the buffer instead of waiting, counts its lines, and writes a
