@@ -250,8 +250,11 @@ test('observation report reachable from the sandbox id (extension)', async () =>
   await sbx.commands.run('echo report-marker')
   const api = process.env.E2B_API_URL
   const headers = { 'X-API-KEY': process.env.E2B_API_KEY }
-  const report = await (await fetch(`${api}/sandboxes/${sbx.sandboxId}/report`, { headers })).json()
-  assert.ok(JSON.stringify(report.processes).includes('report-marker'), 'the report shows a command run through the SDK')
+  // The kernel's events reach the record a moment after the command ran.
+  await until('the report to show a command run through the SDK', async () => {
+    const report = await (await fetch(`${api}/sandboxes/${sbx.sandboxId}/report`, { headers })).json()
+    return JSON.stringify(report.processes).includes('report-marker')
+  })
   // The jail the sandbox ran in before its pause keeps its report.
   const detail = await (await fetch(`${api}/sandboxes/${sbx.sandboxId}`, { headers })).json()
   assert.equal(detail.agentjail.jails.length, 2)

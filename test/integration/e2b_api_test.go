@@ -262,9 +262,15 @@ func TestE2BPolledWatcherAndStreamInput(t *testing.T) {
 		t.Fatalf("download: %v %v", r, err)
 	}
 	// The command shows in the sandbox's live events (an extension).
-	ev, err := d.api.send("GET", "/e2b/sandboxes/"+sb.SandboxID+"/events?type=proc&follow=false", nil, "X-API-KEY", key)
-	if err != nil || ev.status != http.StatusOK || !strings.Contains(string(ev.body), "/tmp/polled/in.txt") {
-		t.Fatalf("events: %v %v", ev, err)
+	// (The kernel's events reach the record a moment after the command ran.)
+	if err := waitFor(10*time.Second, func() error {
+		ev, err := d.api.send("GET", "/e2b/sandboxes/"+sb.SandboxID+"/events?type=proc&follow=false", nil, "X-API-KEY", key)
+		if err != nil || ev.status != http.StatusOK || !strings.Contains(string(ev.body), "/tmp/polled/in.txt") {
+			return fmt.Errorf("events: %v %v", ev, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	// A wrong token is 401, an unknown sandbox 502 (E2B's edge answer).
 	_, badFS := envdClient(d, sb, "wrong")
