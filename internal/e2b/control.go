@@ -488,7 +488,7 @@ func (s *Service) postSnapshot(c caller, w http.ResponseWriter, r *http.Request)
 	sb.endStreams()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), opTimeout)
 	defer cancel()
-	snap, err := s.jails.Snapshot(ctx, rec.JailID, snapshotRequest(b.Name))
+	snap, err := s.snapshot(ctx, rec.JailID, snapshotRequest(b.Name))
 	if err != nil {
 		return err
 	}

@@ -453,7 +453,7 @@ func (s *Service) pause(ctx context.Context, sb *sandbox) error {
 	sb.mu.Unlock()
 	sb.endStreams()
 	s.closeWatchers(r.ID)
-	snap, err := s.jails.Snapshot(ctx, r.JailID, model.SnapshotRequest{Name: fmt.Sprintf("e2b-%s-pause-%d", r.ID, len(r.Jails)), Mode: model.SnapshotFull})
+	snap, err := s.snapshot(ctx, r.JailID, model.SnapshotRequest{Name: fmt.Sprintf("e2b-%s-pause-%d", r.ID, len(r.Jails)), Mode: model.SnapshotFull})
 	if err != nil {
 		sb.mu.Lock()
 		sb.rec.State = stateRunning
@@ -477,6 +477,27 @@ func (s *Service) pause(ctx context.Context, sb *sandbox) error {
 	sb.stopTimer()
 	s.persist(sb)
 	return nil
+}
+
+// snapshot takes a full snapshot of a sandbox's jail just after its
+// streams ended. Their connections to the jail's init may still be
+// closing on init's side, which a process checkpoint refuses ("unix
+// socket ... not found"): such a failure is retried, briefly.
+func (s *Service) snapshot(ctx context.Context, jail string, req model.SnapshotRequest) (*model.Snapshot, error) {
+	delay := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		snap, err := s.jails.Snapshot(ctx, jail, req)
+		if err == nil || attempt == 4 || !errors.Is(err, errdefs.ErrUnprocessable) || !strings.Contains(strings.ToLower(err.Error()), "unix socket") {
+			return snap, err
+		}
+		s.log.Info("e2b: retrying a snapshot that met a closing connection", "jail", jail, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay *= 2
+	}
 }
 
 // keepReport saves the observation report of a jail the sandbox leaves.
@@ -572,7 +593,7 @@ func (s *Service) fork(ctx context.Context, c caller, sb *sandbox, count int, ti
 		return nil, errdefs.Conflictf("sandbox %s is %s; only a running sandbox can be forked", r.ID, r.State)
 	}
 	sb.endStreams()
-	snap, err := s.jails.Snapshot(ctx, r.JailID, model.SnapshotRequest{Name: "e2b-" + r.ID + "-fork-" + newToken()[:6], Mode: model.SnapshotFull})
+	snap, err := s.snapshot(ctx, r.JailID, model.SnapshotRequest{Name: "e2b-" + r.ID + "-fork-" + newToken()[:6], Mode: model.SnapshotFull})
 	sb.op.Unlock()
 	if err != nil {
 		return nil, err
