@@ -301,7 +301,7 @@ func removeJail(ctx context.Context, c *client.Client, ref string, force bool) e
 }
 
 func newTeardownCmd(g *globals) *cobra.Command {
-	var runtime string
+	var lv levelFlags
 	cmd := &cobra.Command{
 		Use:   "teardown",
 		Short: "Destroy every jail of the data directory and release its storage pool (for tests and uninstalling)",
@@ -309,10 +309,10 @@ func newTeardownCmd(g *globals) *cobra.Command {
 daemon (stop the daemon first). For tests and uninstalling.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return jail.Teardown(cmd.Context(), g.dataDirPath(), runtime)
+			return jail.Teardown(cmd.Context(), jail.Options{DataDir: g.dataDirPath(), Backends: lv.factories()})
 		},
 	}
-	cmd.Flags().StringVar(&runtime, "runtime", "runc", "OCI runtime binary")
+	cmd.Flags().StringVar(&lv.runtime, "runtime", "runc", "OCI runtime binary")
 	return cmd
 }
 

@@ -36,7 +36,8 @@ const shutdownGrace = 10 * time.Second
 const maxWarmJails = 64
 
 func newServeCmd(g *globals) *cobra.Command {
-	var runtime, criu, poolSize, toolsDir, secretsFile string
+	var poolSize, toolsDir, secretsFile string
+	var lv levelFlags
 	var warmJails int
 	var net netFlags
 	var insecureRegistries []string
@@ -64,7 +65,7 @@ next start.`,
 			if warmJails < 0 || warmJails > maxWarmJails {
 				return usageError{fmt.Errorf("--warm-jails: %d is not between 0 and %d", warmJails, maxWarmJails)}
 			}
-			opts := jail.Options{DataDir: g.dataDirPath(), RuntimeBinary: runtime, CRIU: criu, PoolSize: pool, WarmJails: warmJails,
+			opts := jail.Options{DataDir: g.dataDirPath(), Backends: lv.factories(), PoolSize: pool, WarmJails: warmJails,
 				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}
 			opts.Registries.Insecure = insecureRegistries
 			if net.hostsFile != "" {
@@ -77,11 +78,11 @@ next start.`,
 			return serve(cmd.Context(), opts, g.listenAddr(), daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile})
 		},
 	}
-	cmd.Flags().StringVar(&runtime, "runtime", "runc", "OCI runtime binary")
+	cmd.Flags().StringVar(&lv.runtime, "runtime", "runc", "OCI runtime binary")
 	cmd.Flags().StringSliceVar(&insecureRegistries, "insecure-registry", nil, "a registry (host:port) that image pulls may reach over plain HTTP (repeatable); credentials for others come from ~/.docker/config.json")
 	cmd.Flags().StringVar(&toolsDir, "tools-dir", "", "where agent CLIs are installed, one read-only tree per version shared by all jails (default DATA_DIR/tools)")
 	cmd.Flags().StringVar(&secretsFile, "secrets-file", "", "KEY=VALUE file (mode 0600) of the model API keys the proxy adds for agents, e.g. ANTHROPIC_API_KEY (default DATA_DIR/secrets.env; the daemon's environment is read too)")
-	cmd.Flags().StringVar(&criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
+	cmd.Flags().StringVar(&lv.criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
 	cmd.Flags().IntVar(&warmJails, "warm-jails", 2, "how many started jails of the default configuration to keep ready: a create asking for that configuration takes one (0: none)")
 	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)

@@ -115,6 +115,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"AccessResult":    model.AccessResult{},
 		"Health":          model.Health{},
 		"Check":           model.Check{},
+		"Level":           model.Level{},
+		"Capabilities":    model.Capabilities{},
 		"JailList":        JailList{},
 		"Whoami":          Whoami{},
 		"StatsSample":     StatsSample{},

@@ -405,3 +405,29 @@ func OOMKills(path string) (uint64, error) {
 	}
 	return n, nil
 }
+
+// Pids returns the host pids of the processes in path's directory of the
+// unified hierarchy (nil when it has none or does not exist).
+func Pids(path string) ([]int, error) {
+	if err := checkPath(path); err != nil {
+		return nil, err
+	}
+	dir := UnifiedDir(path)
+	if dir == "" {
+		return nil, errdefs.NotFoundf("the host has no unified cgroup hierarchy")
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, f := range strings.Fields(string(data)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}

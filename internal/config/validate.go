@@ -92,9 +92,6 @@ func (f *Filesystem) validate() error {
 	if err := jailPath(p+"workspace_root", f.WorkspaceRoot); err != nil {
 		return err
 	}
-	if f.UseOverlay != nil && !*f.UseOverlay {
-		return errdefs.Unprocessablef(p + "use_overlay: the container level always uses an overlay root; false is not supported")
-	}
 	for i, m := range append(append([]Mount{}, f.ReadOnlyMounts...), f.ReadWriteMounts...) {
 		field := fmt.Sprintf(p+"mounts[%d]", i)
 		if !path.IsAbs(m.Source) {

@@ -39,17 +39,49 @@ import (
 
 // Client talks to one jail's init.
 type Client struct {
-	socketPath string
+	dialer Dialer
 	// OnUnresponsive, when set, is called (on its own goroutine) each
 	// time a call finds that init does not answer.
 	OnUnresponsive func(err error)
 }
 
-// New returns a client of the init listening on socketPath (a host path).
-// Paths longer than a unix socket address allows are reached through the
-// directory's /proc/self/fd entry. New does not connect.
-func New(socketPath string) *Client {
-	return &Client{socketPath: socketPath}
+// Dialer opens a new connection to a jail's init control channel: a unix
+// socket for the process and container levels, a virtio-serial port for a
+// virtual machine, a stream through another node. It honours ctx's
+// deadline and cancellation (the client bounds each dial by DialTimeout).
+// Every call of the client dials anew.
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// New returns a client of the init that d reaches. New does not connect.
+func New(d Dialer) *Client {
+	return &Client{dialer: d}
+}
+
+// UnixSocket returns the dialer of the init listening on the unix socket
+// at path (a host path). Paths longer than a socket address allows are
+// reached through the directory's /proc/self/fd entry. Failing to connect
+// is ErrUnavailable; a done ctx is ctx's error.
+func UnixSocket(path string) Dialer {
+	return func(ctx context.Context) (net.Conn, error) {
+		addr := path
+		if len(addr) > maxSunPath {
+			fd, err := unix.Open(filepath.Dir(addr), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "jail init is not reachable at %s", path)
+			}
+			defer unix.Close(fd)
+			addr = "/proc/self/fd/" + strconv.Itoa(fd) + "/" + filepath.Base(addr)
+		}
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "unix", addr)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "jail init is not reachable at %s", path)
+		}
+		return nc, nil
+	}
 }
 
 // The deadlines of the daemon's calls into a jail (see the package doc).
@@ -182,19 +214,11 @@ func (c *Client) ping(ctx context.Context) error {
 	return nil
 }
 
-// connect opens a connection to init's socket within DialTimeout.
+// connect opens a connection to init's channel within DialTimeout.
 func (c *Client) connect(ctx context.Context, op string) (net.Conn, error) {
-	addr := c.socketPath
-	if len(addr) > maxSunPath {
-		fd, err := unix.Open(filepath.Dir(addr), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "jail init is not reachable at %s", c.socketPath)
-		}
-		defer unix.Close(fd)
-		addr = "/proc/self/fd/" + strconv.Itoa(fd) + "/" + filepath.Base(addr)
-	}
-	d := net.Dialer{Timeout: DialTimeout}
-	nc, err := d.DialContext(ctx, "unix", addr)
+	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
+	defer cancel()
+	nc, err := c.dialer(dctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) && op == "ping" {
@@ -203,10 +227,10 @@ func (c *Client) connect(ctx context.Context, op string) (net.Conn, error) {
 			return nil, ctx.Err()
 		}
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
+		if dctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
 			return nil, c.unresponsive(op, err)
 		}
-		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "jail init is not reachable at %s", c.socketPath)
+		return nil, err
 	}
 	return nc, nil
 }

@@ -397,7 +397,7 @@ func TestExecLeftoversLinger(t *testing.T) {
 
 func TestUnavailableAndLongSocketPath(t *testing.T) {
 	testenv.RequireRoot(t)
-	err := initclient.New(filepath.Join(t.TempDir(), "missing.sock")).Ping(context.Background())
+	err := initclient.New(initclient.UnixSocket(filepath.Join(t.TempDir(), "missing.sock"))).Ping(context.Background())
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("missing socket: %v", err)
 	}
@@ -411,7 +411,7 @@ func TestUnavailableAndLongSocketPath(t *testing.T) {
 	if len(p) <= 108 {
 		t.Fatalf("path %q is not long enough", p)
 	}
-	if err := initclient.New(p).Ping(context.Background()); err != nil {
+	if err := initclient.New(initclient.UnixSocket(p)).Ping(context.Background()); err != nil {
 		t.Fatalf("long path: %v", err)
 	}
 }

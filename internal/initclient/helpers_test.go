@@ -101,7 +101,7 @@ func newEnv(t testing.TB, blocked ...string) *testEnv {
 		}
 	}()
 	e.srv = srv
-	e.c = initclient.New(e.sock)
+	e.c = initclient.New(initclient.UnixSocket(e.sock))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -58,7 +58,7 @@ func TestUnresponsiveInit(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			var told atomic.Int32
-			c := initclient.New(sock)
+			c := initclient.New(initclient.UnixSocket(sock))
 			c.OnUnresponsive = func(error) { told.Add(1) }
 			start := time.Now()
 			err := call(c)

@@ -95,7 +95,7 @@ func startPID1(t *testing.T) *pid1 {
 		}
 		return p.pid > 0
 	})
-	p.c = initclient.New(filepath.Join(p.ctl, initproto.SocketName))
+	p.c = initclient.New(initclient.UnixSocket(filepath.Join(p.ctl, initproto.SocketName)))
 	return p
 }
 

@@ -234,7 +234,7 @@ func TestPID1(t *testing.T) {
 		return l1 == logPath && l2 == logPath && l0 == "/dev/null"
 	})
 
-	c := initclient.New(sock)
+	c := initclient.New(initclient.UnixSocket(sock))
 	ctx := context.Background()
 	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("ping from outside the namespace: %v", err)

@@ -29,7 +29,7 @@ type health struct {
 // client returns the init client of a running jail that reports to the
 // manager when init stops answering; it fails fast with ErrUnresponsive
 // while the jail is known to be unresponsive.
-func (m *Manager) client(e *entry, inst backend.Instance) (*initclient.Client, error) {
+func (m *Manager) client(e *entry, b backend.Backend, inst backend.Instance) (*initclient.Client, error) {
 	e.mu.RLock()
 	h, name, pid := e.health, e.rec.Name, e.rec.Pid
 	e.mu.RUnlock()
@@ -38,7 +38,7 @@ func (m *Manager) client(e *entry, inst backend.Instance) (*initclient.Client, e
 			"jail %s: its init has not answered since %s; stop or destroy the jail, or wait for it to answer again",
 			name, h.since.Format(time.RFC3339))
 	}
-	c := m.backend.Control(inst)
+	c := m.control(b, inst)
 	c.OnUnresponsive = func(err error) { m.markUnresponsive(e, err) }
 	return c, nil
 }
@@ -74,8 +74,13 @@ func (m *Manager) probe(e *entry, pid int) {
 			m.clearUnresponsive(e, pid, "")
 			return
 		}
+		b, err := m.backendOf(e)
+		if err != nil {
+			m.clearUnresponsive(e, pid, "")
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), initclient.PingTimeout)
-		err := m.backend.Control(m.instance(e)).Ping(ctx)
+		err = m.control(b, m.instance(e)).Ping(ctx)
 		cancel()
 		if err == nil {
 			m.clearUnresponsive(e, pid, fmt.Sprintf("init (pid %d) answers again", pid))

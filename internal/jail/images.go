@@ -6,8 +6,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/agentjail/agentjail/internal/backend"
-	"github.com/agentjail/agentjail/internal/backend/container"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image"
@@ -153,9 +151,9 @@ func (m *Manager) Commit(ctx context.Context, ref string, req model.CommitReques
 	if j.Status == model.StateCreated {
 		return nil, errdefs.Conflictf("jail %s was never started; it has no changes to commit", j.Name)
 	}
-	lb, ok := m.backend.(backend.Layered)
-	if !ok {
-		return nil, errdefs.NotImplementedf("the %s backend cannot commit file trees", m.backend.Capabilities().Level)
+	lb, err := m.layered(e)
+	if err != nil {
+		return nil, err
 	}
 	_, upper, err := lb.Layers(m.instance(e))
 	if err != nil {
@@ -164,10 +162,7 @@ func (m *Manager) Commit(ctx context.Context, ref string, req model.CommitReques
 	if _, err := os.Stat(upper); err != nil {
 		return nil, errdefs.Conflictf("jail %s: its disk is not mounted (%v)", j.Name, err)
 	}
-	shift := 0
-	if ns := j.Config.Isolation.Process.Namespaces; ns != nil && ns.User != nil && *ns.User {
-		shift = container.UIDMapBase
-	}
+	shift := lb.IDShift(m.instance(e))
 	return m.images.Commit(ctx, image.CommitRequest{
 		Parent: parent, Upper: upper, Shift: shift, Tag: req.Ref, Comment: req.Comment,
 		Skip: daemonWritten,

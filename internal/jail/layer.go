@@ -1,7 +1,6 @@
 package jail
 
 import (
-	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 )
@@ -25,9 +24,9 @@ func (m *Manager) WritableLayer(ref string) (lower, upper string, err error) {
 	if ns := j.Config.Isolation.Process.Namespaces; ns != nil && ns.User != nil && *ns.User {
 		return "", "", errdefs.NotImplementedf("a workspace or agent home for a jail with a user namespace is not supported")
 	}
-	lb, ok := m.backend.(backend.Layered)
-	if !ok {
-		return "", "", errdefs.NotImplementedf("jail %s's backend has no writable layer the daemon can fill", j.Name)
+	lb, err := m.layered(e)
+	if err != nil {
+		return "", "", err
 	}
 	return lb.Layers(m.instance(e))
 }

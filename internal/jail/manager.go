@@ -23,7 +23,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
-	"github.com/agentjail/agentjail/internal/backend/container"
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -43,11 +42,11 @@ var Version = "0.1.0"
 type Options struct {
 	// DataDir holds all state (default /var/lib/agentjail).
 	DataDir string
-	// RuntimeBinary is the OCI runtime (default "runc").
-	RuntimeBinary string
-	// CRIU is the CRIU binary for process snapshots (default: the first of
-	// /usr/local/sbin/criu and criu on PATH that works).
-	CRIU string
+	// Backends make the backends of the isolation levels the daemon
+	// offers (cmd/agentjail wires them); a factory that fails leaves its
+	// level unavailable, with the reason reported by Health and by a
+	// create that asks for it.
+	Backends []backend.Factory
 	// PoolSize is the size of the sparse storage pool image (default: 64 GiB,
 	// or 90 % of the free space of the data dir's filesystem when smaller).
 	PoolSize int64
@@ -81,7 +80,7 @@ type Options struct {
 type Manager struct {
 	opts    Options
 	log     *slog.Logger
-	backend backend.Backend
+	levels  *backend.Registry
 	pool    *storage.Pool
 	net     *netpolicy.Manager
 	watcher *procwait.Watcher
@@ -144,9 +143,6 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.DataDir == "" {
 		opts.DataDir = "/var/lib/agentjail"
 	}
-	if opts.RuntimeBinary == "" {
-		opts.RuntimeBinary = "runc"
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -208,19 +204,16 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		m.pool.Close()
 		return nil, fmt.Errorf("jail network: %w", err)
 	}
-	m.backend, err = container.New(container.Options{
-		DataDir:       dataDir,
-		RuntimeBinary: opts.RuntimeBinary,
-		CRIU:          opts.CRIU,
-		InitBinary:    initBin,
-		Pool:          m.pool,
-		HostLower:     lower,
-		Images:        m.images,
-		Net:           m.net,
-		Log:           m.log,
-
+	m.levels, err = backend.NewRegistry(backend.Host{
+		DataDir:          dataDir,
+		InitBinary:       initBin,
+		Pool:             m.pool,
+		HostLower:        lower,
+		Net:              m.net,
+		Images:           m.images,
 		AllowHostNetwork: opts.AllowHostNetwork,
-	})
+		Log:              m.log,
+	}, opts.Backends)
 	if err != nil {
 		m.net.Close()
 		m.pool.Close()
@@ -243,13 +236,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		return nil, err
 	}
-	caps := m.backend.Capabilities()
-	m.host = config.Host{
-		NofileMax:    lim.Max,
-		CPUs:         runtime.NumCPU(),
-		Levels:       []string{caps.Level},
-		NetworkModes: caps.NetworkModes,
-	}
+	m.host = config.Host{NofileMax: lim.Max, CPUs: runtime.NumCPU(), Levels: m.levels.Available()}
 	if err := m.openSnapshots(); err != nil {
 		m.pool.Close()
 		return nil, err
@@ -397,7 +384,7 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 	}
 	defer release()
 	cfg.ApplyDefaults()
-	if err := cfg.Validate(m.host); err != nil {
+	if _, err := m.checkConfig(&cfg); err != nil {
 		return nil, err
 	}
 	if err := validateTracing(&cfg.Tracing); err != nil {
@@ -431,12 +418,21 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 	return e.view(), nil
 }
 
-// build makes the new jail e: its directory (holding the warm pool's
-// marker when warm), its record and its backend resources; then it starts
-// it when start is set. On failure it releases all it made. e.op is held.
+// build makes the new jail e: its effective config (as its level sets
+// it), its directory (holding the warm pool's marker when warm), its
+// record and its backend resources; then it starts it when start is set.
+// On failure it releases all it made. e.op is held.
 func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
-	err := os.Mkdir(e.dir, 0o711)
+	b, err := m.backendOf(e)
 	if err != nil {
+		return err
+	}
+	inst := m.instance(e)
+	if err := b.Configure(inst); err != nil {
+		return err
+	}
+	m.setConfig(e, *inst.Config)
+	if err = os.Mkdir(e.dir, 0o711); err != nil {
 		return fmt.Errorf("jail dir: %w", err)
 	}
 	if warm {
@@ -448,23 +444,45 @@ func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
 		err = m.persist(e)
 	}
 	if err == nil {
-		err = m.backend.Prepare(ctx, m.instance(e))
+		err = b.Prepare(ctx, m.instance(e))
 	}
 	if err == nil && start {
 		err = m.start(ctx, e)
 	}
 	if err != nil {
-		m.releaseJail(context.WithoutCancel(ctx), e)
+		m.releaseJail(context.WithoutCancel(ctx), e, false)
 	}
 	return err
 }
 
+// setConfig replaces e's config in memory (persist writes it).
+func (m *Manager) setConfig(e *entry, cfg config.Config) {
+	e.mu.Lock()
+	e.rec.Config = cfg
+	e.mu.Unlock()
+}
+
 // releaseJail destroys the backend resources and the directory of a jail that
 // was never handed out or whose creation failed (errors are logged; the
-// directory stays when the backend could not release everything).
-func (m *Manager) releaseJail(ctx context.Context, e *entry) {
+// directory stays when the backend could not release everything). A jail
+// without a record (recordless) is released by every backend, since its
+// level is unknown.
+func (m *Manager) releaseJail(ctx context.Context, e *entry, recordless bool) {
 	id := e.snapshot().ID
-	if err := m.backend.Destroy(ctx, m.instance(e)); err != nil {
+	var bs []backend.Backend
+	if recordless {
+		bs = m.levels.Backends()
+	} else if b, err := m.backendOf(e); err == nil {
+		bs = []backend.Backend{b}
+	} else {
+		m.log.Error("releasing a jail", "jail", id, "err", err)
+		return
+	}
+	var errs []error
+	for _, b := range bs {
+		errs = append(errs, b.Destroy(ctx, m.instance(e)))
+	}
+	if err := errors.Join(errs...); err != nil {
 		m.log.Error("releasing a jail", "jail", id, "err", err)
 		return
 	}
@@ -522,7 +540,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
 	}
 	j := e.view()
 	if j.Status == model.StateRunning || j.Status == model.StateUnresponsive {
-		if st, err := m.backend.Stats(ctx, m.instance(e)); err == nil {
+		if st, err := m.stats(ctx, e); err == nil {
 			j.Stats = &model.Stats{
 				MemoryBytes: st.MemoryBytes, MemoryLimitBytes: st.MemoryLimitBytes,
 				CPUTimeNs: st.CPUTimeNs, Pids: st.Pids, PidsLimit: uint64(j.Config.Isolation.Resources.PidsLimit), OOMKills: st.OOMKills,
@@ -576,10 +594,14 @@ func (m *Manager) start(ctx context.Context, e *entry) error {
 	default:
 		return errdefs.Conflictf("jail %s is %s; only a created, stopped or failed jail can be started", j.Name, j.Status)
 	}
+	b, err := m.backendOf(e)
+	if err != nil {
+		return err
+	}
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStarting; j.Error = "" })
 	inst := m.instance(e)
-	inst.OnCreated = func(st backend.Status) error { return m.observeStart(e, st) }
-	st, err := m.backend.Start(ctx, inst)
+	inst.OnCreated = func(st backend.Status) error { return m.observeStart(e, b, st) }
+	st, err := b.Start(ctx, inst)
 	if err != nil {
 		m.observeStop(e)
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error(); j.Pid = 0 })
@@ -626,7 +648,9 @@ func (m *Manager) initExited(e *entry, pid int) {
 		return
 	}
 	m.log.Warn("jail init exited unexpectedly", "jail", j.ID, "pid", pid)
-	if err := m.backend.Stop(context.Background(), m.instance(e), 0); err != nil {
+	if b, err := m.backendOf(e); err != nil {
+		m.log.Error("cleaning up after init exit", "jail", j.ID, "err", err)
+	} else if err := b.Stop(context.Background(), m.instance(e), 0); err != nil {
 		m.log.Error("cleaning up after init exit", "jail", j.ID, "err", err)
 	}
 	m.observeStop(e)
@@ -658,9 +682,13 @@ func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*m
 	default:
 		return nil, errdefs.Conflictf("jail %s is %s; only a running jail can be stopped", j.Name, j.Status)
 	}
+	b, err := m.backendOf(e)
+	if err != nil {
+		return nil, err
+	}
 	m.unwatch(e)
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStopping })
-	err = m.backend.Stop(ctx, m.instance(e), grace)
+	err = b.Stop(ctx, m.instance(e), grace)
 	m.observeStop(e)
 	if err != nil {
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error() })
@@ -683,9 +711,13 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	if j.Status == model.StateDestroyed {
 		return errdefs.NotFoundf("no jail with id or name %q", ref)
 	}
+	b, err := m.backendOf(e)
+	if err != nil {
+		return fmt.Errorf("destroying jail %s: %w", j.Name, err)
+	}
 	m.unwatch(e)
 	m.observeStop(e)
-	if err := m.backend.Destroy(ctx, m.instance(e)); err != nil {
+	if err := b.Destroy(ctx, m.instance(e)); err != nil {
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = "destroy: " + err.Error() })
 		return fmt.Errorf("destroying jail %s: %w", j.Name, err)
 	}
@@ -731,7 +763,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.log.Warn("jail directory without a record: releasing it", "dir", dir)
 			e := &entry{dir: dir, rec: model.Jail{ID: d.Name()}}
 			e.rec.Config.ApplyDefaults()
-			m.releaseJail(ctx, e)
+			m.releaseJail(ctx, e, true)
 			continue
 		}
 		e := &entry{dir: dir}
@@ -741,50 +773,63 @@ func (m *Manager) recover(ctx context.Context) error {
 		}
 		m.jails[e.rec.ID] = e
 		m.names[e.rec.Name] = e.rec.ID
-		switch e.rec.Status {
-		case model.StateRunning, model.StateStarting, model.StateStopping:
-			st, err := m.backend.Status(ctx, m.instance(e))
-			if err == nil && st.Running && e.rec.Status == model.StateRunning {
-				e.rec.Pid = st.Pid
-				m.log.Info("re-adopted running jail", "jail", e.rec.ID, "pid", st.Pid)
-				iface, err := m.backend.Reattach(ctx, m.instance(e))
-				if err != nil {
-					m.log.Error("re-attaching jail network", "jail", e.rec.ID, "err", err)
-				}
-				st.NetInterface = iface
-				if err := m.observeStart(e, st); err != nil {
-					m.log.Error("re-watching jail", "jail", e.rec.ID, "err", err)
-				}
-				// The tracer knows init's shims by having seen init start
-				// them: let those started before this daemon exit, so the
-				// next commands run under shims it knows.
-				sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				if err := m.backend.Control(m.instance(e)).SetIdleShims(sctx, false); err != nil {
-					m.log.Warn("emptying init's idle shims of a re-adopted jail", "jail", e.rec.ID, "err", err)
-				}
-				cancel()
-				m.watch(e, st.Pid)
-				continue
-			}
-			if err := m.backend.Stop(ctx, m.instance(e), 0); err != nil {
-				m.log.Error("stopping a jail found half-way", "jail", e.rec.ID, "err", err)
-			}
-			now := time.Now().UTC()
-			e.rec.Status, e.rec.Pid, e.rec.StoppedAt = model.StateStopped, 0, &now
-			if err := m.persist(e); err != nil {
-				return err
-			}
+		if err := m.readopt(ctx, e); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
+// readopt re-adopts the recorded jail e if it still runs, and records a
+// jail that a crash left starting or stopping as stopped. A jail whose
+// level this daemon cannot run is shown failed, with why, until a daemon
+// that has the level starts; nothing of it is touched.
+func (m *Manager) readopt(ctx context.Context, e *entry) error {
+	switch e.rec.Status {
+	case model.StateRunning, model.StateStarting, model.StateStopping:
+	default:
+		return nil
+	}
+	b, err := m.backendOf(e)
+	if err != nil {
+		m.log.Error("a jail's level is unavailable; leaving it alone", "jail", e.rec.ID, "err", err)
+		e.rec.Status, e.rec.Error = model.StateError, err.Error()
+		return nil
+	}
+	inst := m.instance(e)
+	st, err := b.Status(ctx, inst)
+	if err == nil && st.Running && e.rec.Status == model.StateRunning {
+		e.rec.Pid = st.Pid
+		m.log.Info("re-adopted running jail", "jail", e.rec.ID, "pid", st.Pid)
+		if err := b.Reattach(ctx, inst); err != nil {
+			m.log.Error("re-attaching jail network", "jail", e.rec.ID, "err", err)
+		}
+		if err := m.observeStart(e, b, st); err != nil {
+			m.log.Error("re-watching jail", "jail", e.rec.ID, "err", err)
+		}
+		// The tracer knows init's shims by having seen init start
+		// them: let those started before this daemon exit, so the
+		// next commands run under shims it knows.
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := m.control(b, inst).SetIdleShims(sctx, false); err != nil {
+			m.log.Warn("emptying init's idle shims of a re-adopted jail", "jail", e.rec.ID, "err", err)
+		}
+		cancel()
+		m.watch(e, st.Pid)
+		return nil
+	}
+	if err := b.Stop(ctx, inst, 0); err != nil {
+		m.log.Error("stopping a jail found half-way", "jail", e.rec.ID, "err", err)
+	}
+	now := time.Now().UTC()
+	e.rec.Status, e.rec.Pid, e.rec.StoppedAt = model.StateStopped, 0, &now
+	return m.persist(e)
+}
+
 // Health reports the daemon's state.
 func (m *Manager) Health(ctx context.Context) model.Health {
-	caps := m.backend.Capabilities()
-	h := model.Health{Status: "ok", Version: Version, Checks: map[string]model.Check{}, Backend: map[string]string{
-		"level": caps.Level, "runtime": caps.Runtime, "cgroups": cgroups.Mode(),
-	}}
+	h := model.Health{Status: "ok", Version: Version, Checks: map[string]model.Check{},
+		Host: map[string]string{"cgroups": cgroups.Mode()}, Levels: m.levels.Levels()}
 	m.mu.Lock()
 	h.Jails = len(m.jails)
 	for _, e := range m.jails {
@@ -800,8 +845,8 @@ func (m *Manager) Health(ctx context.Context) model.Health {
 	} else {
 		h.Checks["storage"] = model.Check{OK: true}
 	}
-	h.Checks["runtime"] = model.Check{OK: true, Message: caps.Runtime}
-	h.Checks["checkpoint"] = model.Check{OK: caps.Checkpoint, Message: caps.CheckpointReason}
+	h.Checks["levels"] = levelsCheck(h.Levels)
+	h.Checks["checkpoint"] = checkpointCheck(h.Levels)
 	if m.warm != nil {
 		h.Warm = m.warm.status()
 	}
@@ -817,16 +862,54 @@ func (m *Manager) Health(ctx context.Context) model.Health {
 	return h
 }
 
-// Teardown destroys every jail of dataDir and releases its storage pool:
-// for tests and uninstalling. A data dir that holds nothing is left alone.
-func Teardown(ctx context.Context, dataDir, runtimeBinary string) error {
+// levelsCheck is OK when every level the daemon knows runs here; its
+// message names the available ones and why the others are missing.
+func levelsCheck(levels []model.Level) model.Check {
+	c := model.Check{OK: true}
+	var parts []string
+	for _, l := range levels {
+		switch {
+		case !l.Available:
+			c.OK = false
+			parts = append(parts, l.Reason)
+		case l.Capabilities.Unsafe:
+			parts = append(parts, l.Name+" (UNSAFE: no isolation)")
+		default:
+			parts = append(parts, l.Name+" ("+l.Capabilities.Runtime+")")
+		}
+	}
+	c.Message = strings.Join(parts, "; ")
+	return c
+}
+
+// checkpointCheck is OK when every available level that snapshots
+// filesystems also checkpoints processes; its message says why not.
+func checkpointCheck(levels []model.Level) model.Check {
+	c := model.Check{OK: true}
+	var why []string
+	for _, l := range levels {
+		if l.Available && l.Capabilities.FSSnapshot && !l.Capabilities.Checkpoint {
+			c.OK = false
+			why = append(why, l.Name+": "+l.Capabilities.CheckpointReason)
+		}
+	}
+	c.Message = strings.Join(why, "; ")
+	return c
+}
+
+// Teardown destroys every jail of the data dir of opts (made with
+// opts.Backends) and releases its storage pool: for tests and
+// uninstalling. A data dir that holds nothing is left alone.
+func Teardown(ctx context.Context, opts Options) error {
+	dataDir := opts.DataDir
 	_, imgErr := os.Stat(filepath.Join(dataDir, "storage.img"))
 	jails, _ := os.ReadDir(filepath.Join(dataDir, "jails"))
 	poolMounted, _ := storage.IsMounted(filepath.Join(dataDir, "pool"))
 	if errors.Is(imgErr, os.ErrNotExist) && len(jails) == 0 && !poolMounted {
 		return nil
 	}
-	m, err := NewManager(ctx, Options{DataDir: dataDir, RuntimeBinary: runtimeBinary, WarmDisks: -1})
+	opts.WarmDisks, opts.WarmJails = -1, 0
+	m, err := NewManager(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -57,13 +57,14 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, n config.Networ
 	}
 	cfg := j.Config
 	cfg.Isolation.Network = n
-	if err := cfg.Validate(m.host); err != nil {
+	b, err := m.checkConfig(&cfg)
+	if err != nil {
 		return nil, err
 	}
 	if j.Status == model.StateRunning {
 		inst := m.instance(e)
 		inst.Config = &cfg
-		if err := m.backend.UpdateNetwork(ctx, inst); err != nil {
+		if err := b.UpdateNetwork(ctx, inst); err != nil {
 			return nil, err
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
-	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
@@ -50,7 +49,12 @@ type observation struct {
 	// capture writes the jail's packets to a pcap file, when asked.
 	capture *netcap.Capture
 	// fan reports files closed after writing, to cross-check the record.
-	fan   *fanwatch.Watcher
+	fan *fanwatch.Watcher
+	// stopEvents ends the backend's own event source (nil without one).
+	stopEvents func() error
+	// root is the host path of the jail's root ("" when the host cannot
+	// see it).
+	root  string
 	since time.Time
 	// reason says why the kernel side does not watch the jail (empty when
 	// it does).
@@ -77,11 +81,14 @@ func (o *observation) Idle() {
 	o.mu.Unlock()
 }
 
-// observeStart opens the jail's record and, unless tracing is off or the
-// tracers are unavailable, watches its cgroup (syscalls, processes, files,
-// network flows and DNS) and captures its packets when asked. It runs
-// after the jail's processes exist and before its init executes anything.
-func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
+// observeStart opens the jail's record of the run st (on backend b) and,
+// unless tracing is off or nothing can observe the jail, attaches what can:
+// the kernel-side tracers on the jail's cgroup (syscalls, processes,
+// files, network flows and DNS) for an Observable backend, or the
+// backend's own event source; and captures its packets when asked. It
+// runs after the jail's processes exist and before its init executes
+// anything.
+func (m *Manager) observeStart(e *entry, b backend.Backend, st backend.Status) (err error) {
 	j := e.snapshot()
 	dir := filepath.Join(e.dir, "events")
 	w, err := observe.OpenWriter(dir, writerOptions)
@@ -102,39 +109,52 @@ func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 			m.stopObservation(e.rec.ID, o)
 		}
 	}()
+	inst := m.instance(e)
+	level := b.Capabilities().Level
 	tr := j.Config.Tracing
+	var ob backend.Observed
+	obs, observable := b.(backend.Observable)
+	if observable {
+		if ob, err = obs.Observe(inst, st); err != nil {
+			return fmt.Errorf("observation: %w", err)
+		}
+		o.root = ob.Root
+	}
+	es, ownEvents := b.(backend.EventSource)
 	var reasons []string
 	switch {
 	case tr.Mode == config.TraceOff:
 		reasons = append(reasons, "tracing is off for this jail")
+	case ownEvents:
+		if o.stopEvents, err = es.Events(inst, st, o); err != nil {
+			return fmt.Errorf("observation: %w", err)
+		}
+	case !observable:
+		reasons = append(reasons, fmt.Sprintf("the %s level cannot be observed", level))
 	case m.tracer == nil:
 		reasons = append(reasons, m.tracerErr.Error())
 	default:
-		id, err := cgroups.ID(st.CgroupPath)
-		if err != nil {
-			return fmt.Errorf("observation: %w", err)
-		}
-		err = m.tracer.Watch(id, observe.JailKey(j.ID), bpf.Options{
+		err = m.tracer.Watch(ob.CgroupID, observe.JailKey(j.ID), bpf.Options{
 			Mode: bpf.Mode(tr.Mode), Include: tr.Include, Exclude: tr.Exclude, Sink: o, InitPid: st.Pid,
 		})
 		if err != nil {
 			return fmt.Errorf("observation: %w", err)
 		}
-		o.cgroupID, o.watching = id, true
+		o.cgroupID, o.watching = ob.CgroupID, true
 	}
 	switch {
-	case tr.Mode == config.TraceOff:
+	case tr.Mode == config.TraceOff || !observable:
 	case m.netTracer == nil:
 		reasons = append(reasons, m.netTracerErr.Error())
 	default:
-		o.netCgroup = cgroups.UnifiedDir(st.CgroupPath)
+		o.netCgroup = ob.CgroupDir
 		if err := m.netTracer.WatchNet(o.netCgroup, observe.JailKey(j.ID), o); err != nil {
 			o.netCgroup = ""
 			return fmt.Errorf("network observation: %w", err)
 		}
 	}
-	if tr.Mode != config.TraceOff && st.Root != "" {
-		o.fan, err = fanwatch.Watch(st.Root, func(ev fanwatch.Event) {
+	if tr.Mode != config.TraceOff && ob.Root != "" {
+		o.fan, err = fanwatch.Watch(ob.Root, func(ev fanwatch.Event) {
 			o.mu.Lock()
 			o.agg.fanWritten(ev.Path)
 			o.mu.Unlock()
@@ -145,11 +165,11 @@ func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 		}
 	}
 	if tr.Pcap && tr.Mode != config.TraceOff {
-		if st.NetInterface == "" {
-			reasons = append(reasons, "no packet capture: the jail has no network link (mode none or host)")
+		if ob.NetInterface == "" {
+			reasons = append(reasons, fmt.Sprintf("no packet capture: the jail has no network link the host can capture on (mode none or host, or the %s level)", level))
 		} else {
 			name := fmt.Sprintf("capture-%s.pcap", time.Now().UTC().Format("20060102T150405"))
-			if o.capture, err = netcap.StartCapture(st.NetInterface, filepath.Join(dir, name)); err != nil {
+			if o.capture, err = netcap.StartCapture(ob.NetInterface, filepath.Join(dir, name)); err != nil {
 				return fmt.Errorf("packet capture: %w", err)
 			}
 		}
@@ -165,14 +185,16 @@ func (m *Manager) observeStart(e *entry, st backend.Status) (err error) {
 // tracer did not see start: a proc event "restored" for each, parents
 // first, with its parent, command line, working directory and user as
 // /proc shows them while the processes wait to resume. initPid is init's
-// host pid; root is the jail's root directory on the host.
-func (m *Manager) observeRestored(e *entry, initPid int, root string) {
+// host pid. Only the processes of an Observable backend are host
+// processes the daemon can read this way.
+func (m *Manager) observeRestored(e *entry, initPid int) {
 	e.mu.Lock()
 	o := e.obs
 	e.mu.Unlock()
-	if o == nil || initPid <= 0 {
+	if o == nil || o.root == "" || initPid <= 0 {
 		return
 	}
+	root := o.root
 	now := time.Now().UnixNano()
 	jailPid := map[int]int32{}
 	queue := []int{initPid}
@@ -283,6 +305,12 @@ func (m *Manager) stopObservation(jailID string, o *observation) {
 			m.log.Error("unwatching jail network", "jail", jailID, "err", err)
 		}
 		o.netCgroup = ""
+	}
+	if o.stopEvents != nil {
+		if err := o.stopEvents(); err != nil {
+			m.log.Error("stopping the jail's event source", "jail", jailID, "err", err)
+		}
+		o.stopEvents = nil
 	}
 	if o.fan != nil {
 		if err := o.fan.Close(); err != nil {
@@ -700,9 +728,9 @@ func (m *Manager) FsDiff(ctx context.Context, ref string, text bool) (*model.FsD
 	if err != nil {
 		return nil, err
 	}
-	lb, ok := m.backend.(backend.Layered)
-	if !ok {
-		return nil, errdefs.NotImplementedf("the %s level has no layered root filesystem to diff", m.backend.Capabilities().Level)
+	lb, err := m.layered(e)
+	if err != nil {
+		return nil, err
 	}
 	lower, upper, err := lb.Layers(m.instance(e))
 	if err != nil {

@@ -14,8 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
-	"github.com/agentjail/agentjail/internal/backend/container"
-	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
@@ -56,8 +54,12 @@ func (m *Manager) running(ref string) (backend.Instance, *initclient.Client, err
 	if j.Status != model.StateRunning {
 		return backend.Instance{}, nil, errdefs.Conflictf("jail %s is %s; it must be running", j.Name, j.Status)
 	}
+	b, err := m.backendOf(e)
+	if err != nil {
+		return backend.Instance{}, nil, err
+	}
 	inst := m.instance(e)
-	c, err := m.client(e, inst)
+	c, err := m.client(e, b, inst)
 	if err != nil {
 		return backend.Instance{}, nil, err
 	}
@@ -184,8 +186,18 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 	return res, nil
 }
 
+// oomKills counts the jail's processes killed for exceeding its memory
+// limit (0 when its level cannot tell).
 func (m *Manager) oomKills(inst backend.Instance) uint64 {
-	n, err := cgroups.OOMKills(container.CgroupPath(inst.ID))
+	b, err := m.levels.Get(inst.Config.Isolation.Level)
+	if err != nil {
+		return 0
+	}
+	r, ok := b.(backend.OOMReporter)
+	if !ok {
+		return 0
+	}
+	n, err := r.OOMKills(inst)
 	if err != nil {
 		return 0
 	}

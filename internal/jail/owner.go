@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/agentjail/agentjail/internal/backend/container"
-	"github.com/agentjail/agentjail/internal/cgroups"
+	"github.com/agentjail/agentjail/internal/backend"
 )
 
 // socketOwner finds the process of a jail that owns the socket bound to
@@ -26,6 +24,14 @@ func (m *Manager) socketOwner(jailID, proto string, src netip.AddrPort) (int, st
 	if e == nil {
 		return 0, ""
 	}
+	b, err := m.backendOf(e)
+	if err != nil {
+		return 0, ""
+	}
+	obs, ok := b.(backend.Observable)
+	if !ok {
+		return 0, ""
+	}
 	initPid := e.snapshot().Pid
 	if initPid == 0 {
 		return 0, ""
@@ -35,11 +41,12 @@ func (m *Manager) socketOwner(jailID, proto string, src netip.AddrPort) (int, st
 		return 0, ""
 	}
 	target := "socket:[" + inode + "]"
-	procs, err := os.ReadFile(filepath.Join(cgroups.UnifiedDir(container.CgroupPath(jailID)), "cgroup.procs"))
+	pids, err := obs.Pids(m.instance(e))
 	if err != nil {
 		return 0, ""
 	}
-	for _, p := range strings.Fields(string(procs)) {
+	for _, pid := range pids {
+		p := strconv.Itoa(pid)
 		fds, err := os.ReadDir("/proc/" + p + "/fd")
 		if err != nil {
 			continue

@@ -40,10 +40,6 @@ func (m *Manager) openSnapshots() error {
 // recoverCheckpoints undoes what a checkpoint interrupted by a daemon
 // crash left on the running jails (a frozen disk or cgroup).
 func (m *Manager) recoverCheckpoints(ctx context.Context) {
-	ck, ok := m.backend.(backend.Checkpointer)
-	if !ok {
-		return
-	}
 	m.mu.Lock()
 	var running []*entry
 	for _, e := range m.jails {
@@ -53,18 +49,32 @@ func (m *Manager) recoverCheckpoints(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, e := range running {
+		b, err := m.backendOf(e)
+		if err != nil {
+			continue
+		}
+		ck, ok := b.(backend.Checkpointer)
+		if !ok {
+			continue
+		}
 		if err := ck.Recover(ctx, m.instance(e)); err != nil {
 			m.log.Error("recovering from an interrupted snapshot", "jail", e.snapshot().ID, "err", err)
 		}
 	}
 }
 
-func (m *Manager) checkpointer() (backend.Checkpointer, error) {
-	ck, ok := m.backend.(backend.Checkpointer)
-	if !ok {
-		return nil, errdefs.NotImplementedf("the %s backend cannot snapshot jails", m.backend.Capabilities().Level)
+// checkpointer returns the backend of level as a Checkpointer, or
+// ErrNotImplemented naming the level and verb when it cannot snapshot.
+func (m *Manager) checkpointer(level, verb string) (backend.Backend, backend.Checkpointer, error) {
+	b, err := m.levels.Get(level)
+	if err != nil {
+		return nil, nil, err
 	}
-	return ck, nil
+	ck, ok := b.(backend.Checkpointer)
+	if !ok {
+		return nil, nil, backend.Unsupported(level, verb, "")
+	}
+	return b, ck, nil
 }
 
 // use marks snapshot sid in use until the returned function is called;
@@ -107,16 +117,16 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 			return nil, err
 		}
 	}
-	ck, err := m.checkpointer()
-	if err != nil {
-		return nil, err
-	}
-	if caps := m.backend.Capabilities(); mode == model.SnapshotFull && !caps.Checkpoint {
-		return nil, errdefs.NotImplementedf("snapshots of processes are unavailable: %s (mode fs still works)", caps.CheckpointReason)
-	}
 	e, err := m.lookup(ref)
 	if err != nil {
 		return nil, err
+	}
+	b, ck, err := m.checkpointer(e.snapshot().Config.Isolation.Level, "snapshot jails")
+	if err != nil {
+		return nil, err
+	}
+	if caps := b.Capabilities(); mode == model.SnapshotFull && !caps.Checkpoint {
+		return nil, errdefs.NotImplementedf("snapshots of processes are unavailable at the %s level: %s (mode fs still works)", caps.Level, caps.CheckpointReason)
 	}
 	e.op.Lock()
 	defer e.op.Unlock()
@@ -147,7 +157,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 		Parent: model.Lineage{Kind: model.LineageJail, ID: j.ID, Name: j.Name},
 		Config: j.Config, EventPositions: eventPositions(e.dir),
 	}
-	if st, err := m.backend.Stats(ctx, inst); err == nil {
+	if st, err := b.Stats(ctx, inst); err == nil {
 		snap.Usage = &model.Stats{
 			MemoryBytes: st.MemoryBytes, MemoryLimitBytes: st.MemoryLimitBytes,
 			CPUTimeNs: st.CPUTimeNs, Pids: st.Pids, PidsLimit: st.PidsLimit, OOMKills: st.OOMKills,
@@ -162,7 +172,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 		// next command, as a restored jail's does, rather than right
 		// after the snapshot, where starting the shims (Go processes)
 		// would compete with the restore or branch that usually follows.
-		if err := m.backend.Control(inst).SetIdleShims(ctx, false); err != nil {
+		if err := m.control(b, inst).SetIdleShims(ctx, false); err != nil {
 			m.log.Warn("emptying init's idle shims before a snapshot", "jail", j.Name, "err", err)
 		}
 	}
@@ -278,7 +288,7 @@ func (m *Manager) Restore(ctx context.Context, sid, name string) (*model.Jail, e
 }
 
 func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string) (*model.Jail, error) {
-	ck, err := m.checkpointer()
+	b, ck, err := m.checkpointer(snap.Config.Isolation.Level, "restore snapshots")
 	if err != nil {
 		return nil, err
 	}
@@ -314,13 +324,13 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 	}
 	inst := m.instance(e)
 	inst.OnCreated = func(st backend.Status) error {
-		if err := m.observeStart(e, st); err != nil {
+		if err := m.observeStart(e, b, st); err != nil {
 			return err
 		}
 		// Only a process restore brings processes back; an fs-only
 		// snapshot's jail boots a fresh init, recorded as any start.
 		if snap.Mode == model.SnapshotFull {
-			m.observeRestored(e, st.Pid, st.Root)
+			m.observeRestored(e, st.Pid)
 		}
 		return nil
 	}
@@ -406,13 +416,19 @@ type side struct {
 
 // openSide resolves ref as a snapshot id or a jail ref.
 func (m *Manager) openSide(ctx context.Context, ref string) (*side, error) {
-	lb, ok := m.backend.(backend.Layered)
-	if !ok {
-		return nil, errdefs.NotImplementedf("the %s backend cannot diff file trees", m.backend.Capabilities().Level)
-	}
 	if snapshot.ValidID(ref) {
 		if snap, done, err := m.use(ref); err == nil {
 			cfg := snap.Config
+			b, err := m.levels.Get(cfg.Isolation.Level)
+			if err != nil {
+				done()
+				return nil, err
+			}
+			lb, ok := b.(backend.Layered)
+			if !ok {
+				done()
+				return nil, backend.Unsupported(cfg.Isolation.Level, "diff a snapshot's files", "")
+			}
 			lower, _, err := lb.Layers(backend.Instance{ID: snap.JailID, Dir: m.jailDir(snap.JailID), Config: &cfg})
 			if err != nil {
 				done()
@@ -435,6 +451,10 @@ func (m *Manager) openSide(ctx context.Context, ref string) (*side, error) {
 	}
 	if j := e.snapshot(); j.Status == model.StateCreated {
 		return nil, errdefs.Conflictf("jail %s was never started; it has no filesystem to compare yet", j.Name)
+	}
+	lb, err := m.layered(e)
+	if err != nil {
+		return nil, err
 	}
 	lower, upper, err := lb.Layers(m.instance(e))
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
@@ -169,7 +170,7 @@ func (m *Manager) discardWarm(e *entry) {
 	defer e.op.Unlock()
 	m.unwatch(e)
 	m.observeStop(e)
-	m.releaseJail(context.Background(), e)
+	m.releaseJail(context.Background(), e, false)
 }
 
 // takeWarm hands out a ready jail as a new jail named name ("" names it
@@ -238,7 +239,12 @@ func (m *Manager) adoptWarm(ctx context.Context, e *entry, name string) (*model.
 		e.mu.Unlock()
 		return nil, errNameTaken
 	}
-	if err := m.backend.Rename(ctx, m.instance(e), cur.Pid); err != nil {
+	b, err := m.backendOf(e)
+	if err != nil {
+		m.forget(e)
+		return nil, err
+	}
+	if err := b.Rename(ctx, m.instance(e), backend.Status{Running: true, Pid: cur.Pid}); err != nil {
 		m.forget(e)
 		return nil, err
 	}
@@ -291,11 +297,12 @@ func (m *Manager) releaseWarmDir(ctx context.Context, dir string) bool {
 	if err == nil {
 		err = json.Unmarshal(data, &e.rec)
 	}
-	if err != nil || e.rec.ID != filepath.Base(dir) {
+	recordless := err != nil || e.rec.ID != filepath.Base(dir)
+	if recordless {
 		e.rec = model.Jail{ID: filepath.Base(dir)}
 		e.rec.Config.ApplyDefaults()
 	}
 	m.log.Info("releasing a ready jail of an earlier run", "jail", e.rec.ID)
-	m.releaseJail(ctx, e)
+	m.releaseJail(ctx, e, recordless)
 	return true
 }

@@ -138,12 +138,16 @@ type AccessResult struct {
 
 // Health is the daemon's health report.
 type Health struct {
-	Status  string            `json:"status"` // ok or degraded
-	Version string            `json:"version"`
-	Jails   int               `json:"jails"`
-	Running int               `json:"running"`
-	Checks  map[string]Check  `json:"checks"`
-	Backend map[string]string `json:"backend,omitempty"`
+	Status  string           `json:"status"` // ok or degraded
+	Version string           `json:"version"`
+	Jails   int              `json:"jails"`
+	Running int              `json:"running"`
+	Checks  map[string]Check `json:"checks"`
+	// Host describes the host the jails run on (cgroup layout).
+	Host map[string]string `json:"host,omitempty"`
+	// Levels are the isolation levels this daemon knows, available or
+	// not, with what each can do.
+	Levels []Level `json:"levels"`
 	// Warm is the pool of ready jails (absent when the daemon keeps none).
 	Warm *WarmPool `json:"warm,omitempty"`
 }

@@ -547,6 +547,7 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if err != nil {
 		return backend.Status{}, err
 	}
+	b.ifaces.Store(inst.ID, att.Interface)
 	if err := b.writeControl(inst, p, att.Env); err != nil {
 		return backend.Status{}, err
 	}
@@ -563,7 +564,7 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 		if inst.OnCreated == nil {
 			return nil
 		}
-		return inst.OnCreated(backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged, Foreign: foreign})
+		return inst.OnCreated(backend.Status{Running: true, Pid: pid, Foreign: foreign})
 	})
 	if err != nil {
 		return backend.Status{}, err
@@ -571,7 +572,7 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if err := waitInit(ctx, filepath.Join(p.control, initproto.SocketName)); err != nil {
 		return backend.Status{}, fmt.Errorf("restored jail %s: %w", inst.Name, err)
 	}
-	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}, nil
+	return backend.Status{Running: true, Pid: pid}, nil
 }
 
 // runRestore runs `runc restore --detach` and returns the restored init's
@@ -857,7 +858,7 @@ func (b *Backend) jailInitBinary(bundle string) string {
 
 // waitInit waits until init answers on its control socket.
 func waitInit(ctx context.Context, sock string) error {
-	c := initclient.New(sock)
+	c := initclient.New(initclient.UnixSocket(sock))
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := c.Ping(pctx)

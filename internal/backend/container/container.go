@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,6 +32,7 @@ import (
 	"github.com/agentjail/agentjail/internal/image"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netns"
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/procwait"
@@ -51,28 +52,22 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 // Options configures the backend.
 type Options struct {
-	// DataDir is the daemon's data dir.
-	DataDir string
+	// Host is what the daemon shares with its backends.
+	backend.Host
 	// RuntimeBinary is the OCI runtime ("runc").
 	RuntimeBinary string
 	// CRIU is the CRIU binary for process checkpoints; empty: the first of
 	// /usr/local/sbin/criu and criu on PATH that works.
 	CRIU string
-	// InitBinary is the host path of the agentjail binary bound into jails.
-	InitBinary string
-	// Pool is the storage pool that holds the jails' disks.
-	Pool *storage.Pool
-	// HostLower is the `host` provider's lower tree.
-	HostLower string
-	// Images is the image store of the `image:` provider (nil: image
-	// jails are refused).
-	Images *image.Store
-	// Net attaches jails to the daemon's policed network.
-	Net *netpolicy.Manager
-	// AllowHostNetwork permits network mode "host".
-	AllowHostNetwork bool
-	// Log receives diagnostics.
-	Log *slog.Logger
+}
+
+// Factory returns the factory of the container level: runc (or
+// runtimeBinary), with process checkpoints through criu (empty: found as
+// Options.CRIU says).
+func Factory(runtimeBinary, criu string) backend.Factory {
+	return backend.Factory{Level: config.LevelContainer, New: func(h backend.Host) (backend.Backend, error) {
+		return New(Options{Host: h, RuntimeBinary: runtimeBinary, CRIU: criu})
+	}}
 }
 
 // Backend is the container level.
@@ -83,7 +78,18 @@ type Backend struct {
 	swap    bool
 	// criu is the CRIU binary process checkpoints use ("" without one).
 	criu string
+	// ifaces holds the host side of each running jail's network link, by
+	// jail id (for Observe).
+	ifaces sync.Map
 }
+
+var (
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.Checkpointer = (*Backend)(nil)
+	_ backend.Observable   = (*Backend)(nil)
+	_ backend.OOMReporter  = (*Backend)(nil)
+	_ backend.Layered      = (*Backend)(nil)
+)
 
 // New returns the container backend. It fails with errdefs.ErrUnavailable
 // when the runtime binary cannot be run.
@@ -102,8 +108,15 @@ func New(opts Options) (*Backend, error) {
 		Level:          config.LevelContainer,
 		Runtime:        version,
 		NetworkModes:   []string{config.NetIsolated, config.NetNone, config.NetBridge},
-		DiskLimit:      true,
+		RootfsKinds:    []string{model.RootfsKindHost, model.RootfsKindDir, model.RootfsKindImage},
+		Limits:         []string{model.LimitMemory, model.LimitPids, model.LimitCPU, model.LimitDisk},
+		PTY:            true,
 		UserNamespaces: true,
+		Observers:      []string{model.ObserverKernel},
+		FSSnapshot:     true,
+		Guarantees: "an OCI container run by runc: its own pid, mount, network, UTS, IPC and cgroup namespaces, " +
+			"an overlay root on a disk of its own, cgroup limits, a seccomp filter and a minimal capability set; " +
+			"it shares the host's kernel",
 	}
 	// Process checkpoints (checkpoint.go) need a working CRIU.
 	b.criu, b.caps.CheckpointReason = probeCheckpoint(opts.CRIU)
@@ -135,9 +148,6 @@ func (b *Backend) paths(inst backend.Instance) paths {
 		cgroup:  "/agentjail/" + inst.ID,
 	}
 }
-
-// CgroupPath returns the cgroupsPath of a jail (for observation).
-func CgroupPath(id string) string { return "/agentjail/" + id }
 
 // lower returns the tree the jail's root is made from, as one directory
 // (an image's layers merged read-only): users, homes and the workspace
@@ -196,6 +206,14 @@ func (b *Backend) lowers(inst backend.Instance) ([]string, error) {
 func userns(c *config.Config) bool {
 	ns := c.Isolation.Process.Namespaces
 	return ns != nil && ns.User != nil && *ns.User
+}
+
+// Configure implements backend.Backend.
+func (b *Backend) Configure(inst backend.Instance) error {
+	if o := inst.Config.Isolation.Filesystem.UseOverlay; o != nil && !*o {
+		return errdefs.Unprocessablef("isolation.filesystem.use_overlay: the container level always uses an overlay root; false is not supported")
+	}
+	return nil
 }
 
 // Prepare implements backend.Backend.
@@ -557,8 +575,9 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 		return backend.Status{}, fmt.Errorf("create container: %w", err)
 	}
 	tCreate := time.Now()
+	b.ifaces.Store(inst.ID, att.Interface)
 	if inst.OnCreated != nil {
-		if err := inst.OnCreated(backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}); err != nil {
+		if err := inst.OnCreated(backend.Status{Running: true, Pid: pid}); err != nil {
 			if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
 				b.opts.Log.Error("removing a container whose start was aborted", "jail", inst.ID, "err", kerr)
 			}
@@ -571,7 +590,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	ok = true
 	b.opts.Log.Debug("started jail", "jail", inst.ID, "disk_and_network", tPrepare.Sub(t0),
 		"bundle", tBundle.Sub(tPrepare), "runtime_create", tCreate.Sub(tBundle), "start", time.Since(tCreate), "total", time.Since(t0))
-	return backend.Status{Running: true, Pid: pid, CgroupPath: p.cgroup, NetInterface: att.Interface, Root: p.merged}, nil
+	return backend.Status{Running: true, Pid: pid}, nil
 }
 
 // attach connects the jail's network namespace to the daemon's policed
@@ -644,15 +663,19 @@ func trustCA(root string, caPEM []byte) error {
 }
 
 func (b *Backend) detach(ctx context.Context, inst backend.Instance) {
+	b.ifaces.Delete(inst.ID)
 	if err := b.opts.Net.Detach(ctx, inst.ID); err != nil {
 		b.opts.Log.Error("detaching jail network", "jail", inst.ID, "err", err)
 	}
 }
 
 // Reattach implements backend.Backend.
-func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) (string, error) {
+func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) error {
 	att, err := b.attach(ctx, inst, b.paths(inst))
-	return att.Interface, err
+	if err == nil {
+		b.ifaces.Store(inst.ID, att.Interface)
+	}
+	return err
 }
 
 // UpdateNetwork implements backend.Backend.
@@ -662,8 +685,8 @@ func (b *Backend) UpdateNetwork(ctx context.Context, inst backend.Instance) erro
 }
 
 // Rename implements backend.Backend.
-func (b *Backend) Rename(ctx context.Context, inst backend.Instance, pid int) error {
-	if err := setHostname(pid, inst.Hostname); err != nil {
+func (b *Backend) Rename(ctx context.Context, inst backend.Instance, st backend.Status) error {
+	if err := setHostname(st.Pid, inst.Hostname); err != nil {
 		return fmt.Errorf("jail %s: %w", inst.Name, err)
 	}
 	n := inst.Config.Isolation.Network
@@ -757,6 +780,7 @@ func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
 	}
+	b.ifaces.Delete(inst.ID)
 	if err := b.opts.Net.Detach(ctx, inst.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
@@ -788,7 +812,7 @@ func (b *Backend) Status(ctx context.Context, inst backend.Instance) (backend.St
 		return backend.Status{}, err
 	}
 	if st == "running" || st == "paused" {
-		return backend.Status{Running: true, Pid: pid, CgroupPath: b.paths(inst).cgroup, Root: b.paths(inst).merged}, nil
+		return backend.Status{Running: true, Pid: pid}, nil
 	}
 	return backend.Status{}, nil
 }
@@ -816,6 +840,14 @@ func (b *Backend) Stats(ctx context.Context, inst backend.Instance) (backend.Sta
 	}, nil
 }
 
+// IDShift implements backend.Layered.
+func (b *Backend) IDShift(inst backend.Instance) int {
+	if userns(inst.Config) {
+		return UIDMapBase
+	}
+	return 0
+}
+
 // Layers implements backend.Layered.
 func (b *Backend) Layers(inst backend.Instance) (string, string, error) {
 	lower, err := b.lower(inst)
@@ -825,9 +857,35 @@ func (b *Backend) Layers(inst backend.Instance) (string, string, error) {
 	return lower, b.paths(inst).upper, nil
 }
 
-// Control implements backend.Backend.
-func (b *Backend) Control(inst backend.Instance) *initclient.Client {
-	return initclient.New(filepath.Join(b.paths(inst).control, initproto.SocketName))
+// InitDialer implements backend.Backend: init listens on a unix socket
+// in the jail's control dir, which is bound into the container.
+func (b *Backend) InitDialer(inst backend.Instance) initclient.Dialer {
+	return initclient.UnixSocket(filepath.Join(b.paths(inst).control, initproto.SocketName))
+}
+
+// Observe implements backend.Observable: runc puts every process of the
+// jail in the cgroup v2 directory of the jail's cgroupsPath.
+func (b *Backend) Observe(inst backend.Instance, st backend.Status) (backend.Observed, error) {
+	p := b.paths(inst)
+	id, err := cgroups.ID(p.cgroup)
+	if err != nil {
+		return backend.Observed{}, fmt.Errorf("jail %s: %w", inst.Name, err)
+	}
+	ob := backend.Observed{CgroupID: id, CgroupDir: cgroups.UnifiedDir(p.cgroup), Root: p.merged}
+	if v, ok := b.ifaces.Load(inst.ID); ok {
+		ob.NetInterface = v.(string)
+	}
+	return ob, nil
+}
+
+// Pids implements backend.Observable.
+func (b *Backend) Pids(inst backend.Instance) ([]int, error) {
+	return cgroups.Pids(b.paths(inst).cgroup)
+}
+
+// OOMKills implements backend.OOMReporter.
+func (b *Backend) OOMKills(inst backend.Instance) (uint64, error) {
+	return cgroups.OOMKills(b.paths(inst).cgroup)
 }
 
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
