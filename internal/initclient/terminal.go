@@ -110,7 +110,6 @@ func (t *Terminal) Next() ([]byte, error) {
 	}
 }
 
-
 // Exit returns the command's exit status once Next returned io.EOF.
 func (t *Terminal) Exit() (initproto.ExitStatus, bool) { return t.exit, t.exited }
 
