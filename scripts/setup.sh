@@ -11,7 +11,8 @@ set -euo pipefail
 GO_MIN_MAJOR=1
 GO_MIN_MINOR=26
 PACKAGES=(runc iptables nftables iproute2 xfsprogs btrfs-progs util-linux strace python3
-	git curl ca-certificates tshark procps psmisc tmux asciinema protobuf-compiler patch busybox-static)
+	git curl ca-certificates tshark procps psmisc tmux asciinema protobuf-compiler patch busybox-static
+	skopeo umoci)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export DEBIAN_FRONTEND=noninteractive

@@ -31,6 +31,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/storage"
 )
 
 // DefaultMaxLayerBytes bounds a layer's declared (compressed) size and its
@@ -556,6 +557,12 @@ func diskBytes(root string) (int64, error) {
 				return nil
 			}
 			return err
+		}
+		if d.IsDir() && p != root {
+			// Mounted views show the layers a second time.
+			if m, _ := storage.IsMounted(p); m {
+				return filepath.SkipDir
+			}
 		}
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {

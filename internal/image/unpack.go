@@ -218,10 +218,15 @@ func (u *unpacker) apply(h *tar.Header, r io.Reader) error {
 		delete(u.implicit, name)
 		return nil
 	case tar.TypeReg, tar.TypeRegA:
-		if err := removeEntry(pfd, base); err != nil {
-			return fmt.Errorf("entry %s: %w", h.Name, err)
+		const flags = unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
+		fd, err := unix.Openat(pfd, base, flags, 0o600)
+		if errors.Is(err, unix.EEXIST) {
+			// A later entry replaces an earlier one of the layer.
+			if err := removeEntry(pfd, base); err != nil {
+				return fmt.Errorf("entry %s: %w", h.Name, err)
+			}
+			fd, err = unix.Openat(pfd, base, flags, 0o600)
 		}
-		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return fmt.Errorf("entry %s: %w", h.Name, err)
 		}
@@ -242,10 +247,14 @@ func (u *unpacker) apply(h *tar.Header, r io.Reader) error {
 		}
 		return nil
 	case tar.TypeSymlink:
-		if err := removeEntry(pfd, base); err != nil {
-			return fmt.Errorf("entry %s: %w", h.Name, err)
+		err := unix.Symlinkat(h.Linkname, pfd, base)
+		if errors.Is(err, unix.EEXIST) {
+			if err := removeEntry(pfd, base); err != nil {
+				return fmt.Errorf("entry %s: %w", h.Name, err)
+			}
+			err = unix.Symlinkat(h.Linkname, pfd, base)
 		}
-		if err := unix.Symlinkat(h.Linkname, pfd, base); err != nil {
+		if err != nil {
 			return fmt.Errorf("entry %s: %w", h.Name, err)
 		}
 		if err := unix.Fchownat(pfd, base, h.Uid, h.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
