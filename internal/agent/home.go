@@ -47,6 +47,9 @@ func claudeHome(h HomeOptions) (map[string][]byte, error) {
 	}
 	settings := map[string]any{
 		"skipDangerousModePermissionPrompt": true,
+		// Bypass mode is the point (the jail is the sandbox): no offer to
+		// switch to auto mode, whose classifier calls the model too.
+		"disableAutoMode": "disable",
 		"permissions":                       map[string]any{"defaultMode": "bypassPermissions"},
 		"env":                               map[string]string{"DISABLE_AUTOUPDATER": "1"},
 	}
