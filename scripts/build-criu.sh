@@ -30,6 +30,19 @@
 #     (about 5 ms per mount and restore);
 #   - script-actions: CRIU_SCRIPT_ACTIONS limits the actions an action script
 #     is started at (agentjail's acts at post-dump only);
+#   - passcred: Linux >= 6.16 answers EOPNOTSUPP when SO_PASSCRED or
+#     SO_PASSSEC is read of a socket other than unix or netlink, and CRIU
+#     read them of every socket, so no process holding a TCP or UDP socket
+#     (a dev server's listener) could be dumped; CRIU now reads them of unix
+#     and netlink sockets only;
+#   - helper-fs: a process whose session or group leader exited (the
+#     background job of a finished shell: `sh -c 'cmd &'`, `nohup cmd &`, a
+#     daemon that forked twice) is restored with a short-lived helper in the
+#     leader's place, which CRIU made share the file table and filesystem
+#     context of its parent; a parent that then had to enter a mount
+#     namespace to restore a unix socket bound to a path (the jail's init
+#     and its control socket) failed with EINVAL, and so did the restore.
+#     Helpers now get copies of both;
 #   - kdat-cache: CRIU keeps its kernel-feature cache when /run is not a
 #     tmpfs, as on these machines, valid for the boot it was made in, instead
 #     of probing the kernel (and running iptables) at every start.
