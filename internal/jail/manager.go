@@ -255,9 +255,19 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 
 // Close releases the manager's background resources and destroys the
 // ready jails of the warm pool. Jails keep running and are re-adopted by
-// the next manager on the same data dir.
+// the next manager on the same data dir; this one no longer acts on them
+// (an init that exits now is the next manager's to notice).
 func (m *Manager) Close() error {
 	m.stopWarm()
+	m.mu.Lock()
+	jails := make([]*entry, 0, len(m.jails))
+	for _, e := range m.jails {
+		jails = append(jails, e)
+	}
+	m.mu.Unlock()
+	for _, e := range jails {
+		m.unwatch(e)
+	}
 	var errs []error
 	if m.tracer != nil {
 		errs = append(errs, m.tracer.Close())
