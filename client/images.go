@@ -179,3 +179,43 @@ func (c *Client) Commit(ctx context.Context, ref string, req CommitRequest) (*Im
 	}
 	return &img, nil
 }
+
+// Profile is a profile; ProfileBuild the answer to BuildProfile.
+type (
+	Profile      = model.Profile
+	ProfileBuild = model.ProfileBuild
+)
+
+// Profiles lists the built-in and user profiles.
+func (c *Client) Profiles(ctx context.Context) ([]Profile, error) {
+	var out struct {
+		Profiles []Profile `json:"profiles"`
+	}
+	if err := c.call(ctx, http.MethodGet, "/profiles", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Profiles, nil
+}
+
+// PutProfile saves a user profile.
+func (c *Client) PutProfile(ctx context.Context, p Profile) (*Profile, error) {
+	var out Profile
+	if err := c.call(ctx, http.MethodPut, "/profiles/"+url.PathEscape(p.Name), p, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeleteProfile removes a user profile.
+func (c *Client) DeleteProfile(ctx context.Context, name string) error {
+	return c.call(ctx, http.MethodDelete, "/profiles/"+url.PathEscape(name), nil, nil)
+}
+
+// BuildProfile builds the profile's image, or finds it cached.
+func (c *Client) BuildProfile(ctx context.Context, name string) (*ProfileBuild, error) {
+	var out ProfileBuild
+	if err := c.call(ctx, http.MethodPost, "/profiles/"+url.PathEscape(name)+"/build", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

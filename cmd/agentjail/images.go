@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 
 	"github.com/agentjail/agentjail/client"
 )
@@ -330,4 +331,128 @@ func imageCommand(ic client.ImageConfig, args []string) []string {
 		args = ic.Cmd
 	}
 	return append(append([]string{}, ic.Entrypoint...), args...)
+}
+
+func newProfileCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "profile",
+		Short: "Profiles: base trees the daemon builds with mmdebstrap (ls, build, add, rm)",
+		Long: `Profiles are named package lists the daemon builds into images with mmdebstrap
+from the Debian archive: minimal, python, node and build (compilers, git) are
+built in; "agentjail profile add NAME -f profile.yaml" adds yours (base:
+python, packages: [sqlite3]). A build is cached by (profile, suite, package
+list). A jail's rootfs "profile:NAME" builds it on first use.`,
+		Args: usageArgs(cobra.NoArgs),
+	}
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List the profiles",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ps, err := c.Profiles(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSONList(cmd.OutOrStdout(), ps)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 8, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSUITE\tIMAGE\tPACKAGES")
+			for _, p := range ps {
+				img := "(not built)"
+				if p.Image != "" {
+					img = shortID(p.Image)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Suite, img, strings.Join(p.Packages, " "))
+			}
+			return tw.Flush()
+		},
+	}
+	build := &cobra.Command{
+		Use:   "build NAME",
+		Short: "Build a profile's image (or find it cached) and print its id",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.BuildProfile(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), res)
+			}
+			how := "built"
+			if res.Cached {
+				how = "cached"
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "agentjail: profile %s %s in %.1f s (%s)\n", args[0], how, res.Seconds, res.Profile.Tag)
+			fmt.Fprintln(cmd.OutOrStdout(), res.Image.ID)
+			return nil
+		},
+	}
+	var file string
+	add := &cobra.Command{
+		Use:   "add NAME -f FILE",
+		Short: "Save a user profile from YAML (base, suite, packages)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			data, err := readInput(cmd, file)
+			if err != nil {
+				return err
+			}
+			var p client.Profile
+			if err := yaml.UnmarshalStrict(data, &p); err != nil {
+				return usageError{fmt.Errorf("profile add: %s: %w", file, err)}
+			}
+			p.Name = args[0]
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.PutProfile(cmd.Context(), p)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", out.Name, strings.Join(out.Packages, " "))
+			return nil
+		},
+	}
+	add.Flags().StringVarP(&file, "file", "f", "-", `the profile's YAML ("-": stdin)`)
+	rm := &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove user profiles",
+		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, n := range args {
+				if err := c.DeleteProfile(cmd.Context(), n); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, build, add, rm)
+	return cmd
+}
+
+// readInput reads the file name, or stdin for "-".
+func readInput(cmd *cobra.Command, name string) ([]byte, error) {
+	if name == "-" {
+		return io.ReadAll(cmd.InOrStdin())
+	}
+	return os.ReadFile(name)
 }

@@ -66,7 +66,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 		newSnapshotCmd(g), newSnapshotsCmd(g), newRestoreCmd(g), newBranchCmd(g),
 		newDiffCmd(g), newTreeCmd(g), newRmsnapCmd(g), newKeysCmd(g),
 		newAgentCmd(g), newSyncCmd(g),
-		newPullCmd(g), newImagesCmd(g), newRmiCmd(g), newLoadCmd(g), newCommitCmd(g), newImageCmd(g),
+		newPullCmd(g), newImagesCmd(g), newRmiCmd(g), newLoadCmd(g), newCommitCmd(g), newImageCmd(g), newProfileCmd(g),
 	)
 	return root
 }

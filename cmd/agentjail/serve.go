@@ -41,6 +41,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var warmJails int
 	var net netFlags
 	var insecureRegistries []string
+	var profileCache, debianMirror string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon",
@@ -68,6 +69,7 @@ next start.`,
 			opts := jail.Options{DataDir: g.dataDirPath(), Backends: lv.factories(), PoolSize: pool, WarmJails: warmJails,
 				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}
 			opts.Registries.Insecure = insecureRegistries
+			opts.ProfileCache, opts.DebianMirror = profileCache, debianMirror
 			if net.hostsFile != "" {
 				hosts, err := readHostsFile(net.hostsFile)
 				if err != nil {

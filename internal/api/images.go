@@ -42,6 +42,85 @@ type ImageService interface {
 	Commit(ctx context.Context, jailRef string, req model.CommitRequest) (*model.Image, error)
 	// LoadDir is where uploaded archives are spooled.
 	LoadDir() string
+	// ListProfiles returns the built-in and user profiles.
+	ListProfiles(ctx context.Context) ([]model.Profile, error)
+	// PutProfile saves a user profile (base, suite, packages);
+	// ErrConflict for a built-in name, ErrUnprocessable for a bad package
+	// or base.
+	PutProfile(ctx context.Context, p model.Profile) (model.Profile, error)
+	// DeleteProfile removes a user profile.
+	DeleteProfile(ctx context.Context, name string) error
+	// BuildProfile returns the profile's image, building it with
+	// mmdebstrap unless it is cached (ErrUnavailable when the archive
+	// cannot be reached, with mmdebstrap's output).
+	BuildProfile(ctx context.Context, name string) (model.ProfileBuild, error)
+}
+
+// ProfileList is the body of GET /profiles.
+type ProfileList struct {
+	Profiles []model.Profile `json:"profiles"`
+}
+
+func (s *server) listProfiles(w http.ResponseWriter, r *http.Request) error {
+	svc, err := s.imageService()
+	if err != nil {
+		return err
+	}
+	ps, err := svc.ListProfiles(r.Context())
+	if err != nil {
+		return err
+	}
+	if ps == nil {
+		ps = []model.Profile{}
+	}
+	writeJSON(w, http.StatusOK, ProfileList{Profiles: ps})
+	return nil
+}
+
+func (s *server) putProfile(w http.ResponseWriter, r *http.Request) error {
+	svc, err := s.imageService()
+	if err != nil {
+		return err
+	}
+	var p model.Profile
+	if err := decodeBody(w, r, &p, true, false); err != nil {
+		return err
+	}
+	if p.Name != "" && p.Name != r.PathValue("name") {
+		return errdefs.Invalidf("name %q differs from the path's %q", p.Name, r.PathValue("name"))
+	}
+	p.Name = r.PathValue("name")
+	out, err := svc.PutProfile(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *server) deleteProfile(w http.ResponseWriter, r *http.Request) error {
+	svc, err := s.imageService()
+	if err != nil {
+		return err
+	}
+	if err := svc.DeleteProfile(r.Context(), r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *server) buildProfile(w http.ResponseWriter, r *http.Request) error {
+	svc, err := s.imageService()
+	if err != nil {
+		return err
+	}
+	res, err := svc.BuildProfile(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
 }
 
 // ImageList is the body of GET /images.

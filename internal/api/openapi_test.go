@@ -168,6 +168,9 @@ func TestOpenAPISchemas(t *testing.T) {
 		"PruneRequest":    PruneRequest{},
 		"ImagePrune":      model.ImagePrune{},
 		"CommitRequest":   model.CommitRequest{},
+		"Profile":         model.Profile{},
+		"ProfileList":     ProfileList{},
+		"ProfileBuild":    model.ProfileBuild{},
 	} {
 		s, ok := doc.Components.Schemas[name]
 		if !ok {

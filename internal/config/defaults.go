@@ -29,6 +29,12 @@ const (
 	// ("image:python:3.12-slim"); the daemon pins the image's id
 	// ("image:python:3.12-slim@sha256:…").
 	RootfsImagePrefix = "image:"
+	// RootfsProfilePrefix names a profile the daemon builds with
+	// mmdebstrap ("profile:python"); it becomes the profile's image.
+	RootfsProfilePrefix = "profile:"
+	// RootfsNixPrefix names a flake whose closure nix builds
+	// ("nix:nixpkgs#python3"); it becomes an image too.
+	RootfsNixPrefix = "nix:"
 )
 
 // ApplyDefaults fills every unset field of c with its default.

@@ -81,13 +81,13 @@ func (f *Filesystem) validate() error {
 		if !path.IsAbs(dir) || path.Clean(dir) != dir {
 			return errdefs.Unprocessablef(p+"rootfs: %q: the dir provider needs a clean absolute path (dir:/path/to/tree)", f.Rootfs)
 		}
-	case strings.HasPrefix(f.Rootfs, RootfsImagePrefix):
-		ref := strings.TrimPrefix(f.Rootfs, RootfsImagePrefix)
+	case strings.HasPrefix(f.Rootfs, RootfsImagePrefix), strings.HasPrefix(f.Rootfs, RootfsProfilePrefix), strings.HasPrefix(f.Rootfs, RootfsNixPrefix):
+		_, ref, _ := strings.Cut(f.Rootfs, ":")
 		if ref == "" || strings.ContainsAny(ref, " \t\n") {
-			return errdefs.Unprocessablef(p+"rootfs: %q: the image provider needs an image reference (image:python:3.12-slim)", f.Rootfs)
+			return errdefs.Unprocessablef(p+"rootfs: %q: name an image (image:python:3.12-slim), a profile (profile:python) or a flake (nix:nixpkgs#python3)", f.Rootfs)
 		}
 	default:
-		return errdefs.Unprocessablef(p+"rootfs: %q: expected \"host\", \"dir:/absolute/path\" or \"image:REF\"", f.Rootfs)
+		return errdefs.Unprocessablef(p+"rootfs: %q: expected \"host\", \"dir:/absolute/path\", \"image:REF\", \"profile:NAME\" or \"nix:FLAKE\"", f.Rootfs)
 	}
 	if err := jailPath(p+"workspace_root", f.WorkspaceRoot); err != nil {
 		return err

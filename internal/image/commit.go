@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -217,4 +218,51 @@ func isOpaqueDir(dir string) bool {
 		}
 	}
 	return false
+}
+
+// ImportRootfs records the plain tar of a root filesystem at path as a
+// one-layer image with config cfg, tagged tag (a normalisable reference;
+// "" for none), from source (e.g. "profile").
+func (s *Store) ImportRootfs(ctx context.Context, path string, cfg model.ImageConfig, tag, source string) (*model.Image, error) {
+	var tags []string
+	if tag != "" {
+		r, err := ParseRef(tag)
+		if err != nil {
+			return nil, err
+		}
+		tags = []string{r.Name()}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("import: %w", err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("import: %w", err)
+	}
+	diffID := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
+	now := time.Now().UTC()
+	cf := &v1.ConfigFile{
+		Architecture: runtime.GOARCH,
+		OS:           "linux",
+		Created:      v1.Time{Time: now},
+		RootFS:       v1.RootFS{Type: "layers", DiffIDs: []v1.Hash{diffID}},
+		Config:       v1.Config{Env: cfg.Env, WorkingDir: cfg.WorkingDir, User: cfg.User, Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd},
+		History:      []v1.History{{Created: v1.Time{Time: now}, CreatedBy: "agentjail " + source}},
+	}
+	raw, err := json.Marshal(cf)
+	if err != nil {
+		return nil, err
+	}
+	return s.importImage(ctx, importSource{
+		id:        v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sha256Sum(raw))},
+		config:    cf,
+		rawConfig: raw,
+		tags:      tags,
+		source:    source,
+		created:   now,
+		layers:    []layerSource{{mediaType: types.OCIUncompressedLayer, size: -1, open: func() (io.ReadCloser, error) { return os.Open(path) }}},
+	}, nil)
 }

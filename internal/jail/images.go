@@ -3,6 +3,7 @@ package jail
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 
@@ -47,8 +48,22 @@ func (m *Manager) imagesInUse() map[string]bool {
 // entries, the user (the image's, else root), the workspace (its working
 // directory). It runs before defaults are applied. The image stays pinned
 // against prune until release is called (once the jail's record names it).
-func (m *Manager) resolveImage(cfg *config.Config) (release func(), err error) {
+func (m *Manager) resolveImage(ctx context.Context, cfg *config.Config) (release func(), err error) {
 	fs := &cfg.Isolation.Filesystem
+	if name, ok := strings.CutPrefix(fs.Rootfs, config.RootfsProfilePrefix); ok {
+		res, err := m.profiles.Build(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("isolation.filesystem.rootfs: %w", err)
+		}
+		fs.Rootfs = config.RootfsImagePrefix + res.Profile.Tag
+	}
+	if flake, ok := strings.CutPrefix(fs.Rootfs, config.RootfsNixPrefix); ok {
+		img, err := m.profiles.Nix(ctx, flake)
+		if err != nil {
+			return nil, err
+		}
+		fs.Rootfs = config.RootfsImagePrefix + img.ID
+	}
 	ref, ok := strings.CutPrefix(fs.Rootfs, config.RootfsImagePrefix)
 	if !ok {
 		return func() {}, nil
@@ -178,4 +193,24 @@ func daemonWritten(p string) bool {
 		return true
 	}
 	return snapshot.SkipInternal(p)
+}
+
+// ListProfiles returns the built-in and user profiles.
+func (m *Manager) ListProfiles(ctx context.Context) ([]model.Profile, error) {
+	return m.profiles.List()
+}
+
+// PutProfile saves a user profile.
+func (m *Manager) PutProfile(ctx context.Context, p model.Profile) (model.Profile, error) {
+	return m.profiles.Put(p)
+}
+
+// DeleteProfile removes a user profile.
+func (m *Manager) DeleteProfile(ctx context.Context, name string) error {
+	return m.profiles.Delete(name)
+}
+
+// BuildProfile builds (or finds cached) the image of a profile.
+func (m *Manager) BuildProfile(ctx context.Context, name string) (model.ProfileBuild, error) {
+	return m.profiles.Build(ctx, name)
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/observe/bpf"
 	"github.com/agentjail/agentjail/internal/procwait"
+	"github.com/agentjail/agentjail/internal/profile"
 	"github.com/agentjail/agentjail/internal/rootfs"
 	"github.com/agentjail/agentjail/internal/storage"
 )
@@ -74,6 +75,12 @@ type Options struct {
 	Secrets func(name string) (string, bool)
 	// Registries are the per-registry settings of image pulls.
 	Registries image.Registries
+	// ProfileCache keeps built profile tarballs across data dirs
+	// (default /var/cache/agentjail/profiles).
+	ProfileCache string
+	// DebianMirror is the mirror profiles are built from (default:
+	// mmdebstrap's).
+	DebianMirror string
 }
 
 // Manager owns every jail of one data dir.
@@ -98,6 +105,8 @@ type Manager struct {
 	warm *warmPool
 	// images is the image store of `image:` jails (images.go).
 	images *image.Store
+	// profiles builds the images of `profile:` and `nix:` jails.
+	profiles *profile.Builder
 
 	mu    sync.Mutex
 	jails map[string]*entry // by id
@@ -176,6 +185,13 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m.images.SetInUse(m.imagesInUse)
+	if opts.ProfileCache == "" {
+		opts.ProfileCache = "/var/cache/agentjail/profiles"
+	}
+	m.profiles, err = profile.New(profile.Options{Dir: filepath.Join(dataDir, "profiles"), CacheDir: opts.ProfileCache, Images: m.images, Mirror: opts.DebianMirror})
+	if err != nil {
+		return nil, err
+	}
 	size := opts.PoolSize
 	if size == 0 {
 		size = defaultPoolSize(dataDir)
@@ -388,7 +404,7 @@ func (m *Manager) setState(e *entry, f func(j *model.Jail)) {
 func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error) {
 	cfg := req.Config
 	// The image's config fills what the request leaves unset.
-	release, err := m.resolveImage(&cfg)
+	release, err := m.resolveImage(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}

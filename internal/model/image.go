@@ -106,3 +106,35 @@ type CommitRequest struct {
 	// Comment goes into the image's history.
 	Comment string `json:"comment,omitempty"`
 }
+
+// Profile is a named package list the daemon builds into an image with
+// mmdebstrap (the built-in minimal, python, node, build; or a user
+// profile adding packages to one of them).
+type Profile struct {
+	// Name is the profile's name ([a-z0-9][a-z0-9_.-]*).
+	Name string `json:"name"`
+	// Base is the built-in profile a user profile adds packages to.
+	Base string `json:"base,omitempty"`
+	// Suite is the Debian suite (default: the host's, else bookworm).
+	Suite string `json:"suite,omitempty"`
+	// Packages are the packages installed on top of minbase.
+	Packages []string `json:"packages"`
+	// BuiltIn is true for minimal, python, node and build.
+	BuiltIn bool `json:"built_in,omitempty"`
+	// Key digests what the build depends on; Tag is the image it makes.
+	Key string `json:"key,omitempty"`
+	Tag string `json:"tag,omitempty"`
+	// Image is the id of the built image ("" until built).
+	Image string `json:"image,omitempty"`
+}
+
+// ProfileBuild is the answer to a profile build.
+type ProfileBuild struct {
+	Profile Profile `json:"profile"`
+	Image   *Image  `json:"image"`
+	// Cached is true when no mmdebstrap run was needed: the image was in
+	// the store, or its tarball in the daemon's cache.
+	Cached bool `json:"cached"`
+	// Seconds the build took.
+	Seconds float64 `json:"seconds"`
+}

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -248,4 +250,43 @@ func (e *imageEnv) baseLayer(t *testing.T) v1.Layer {
 func isAPIError(err error, status int, sub string) bool {
 	ae, ok := err.(*ajclient.APIError)
 	return ok && ae.Status == status && strings.Contains(ae.Message, sub)
+}
+
+// TestProfileJail runs a jail of the python profile (built with
+// mmdebstrap from the Debian archive on this machine's first run, cached
+// afterwards) and shows that a second build is a cache hit.
+func TestProfileJail(t *testing.T) {
+	testenv.RequireTool(t, "mmdebstrap")
+	d := shared(t)
+	c := ajclient.New(d.addr, d.token)
+	start := time.Now()
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"filesystem": map[string]any{"rootfs": "profile:python"}}})
+	t.Logf("create of the first python profile jail: %s", time.Since(start).Round(time.Millisecond))
+	if out := d.mustSh(t, j.ID, `python3 -c 'import sqlite3, ssl; print(sqlite3.sqlite_version_info >= (3, 0))'; id -un`); out != "True\nagent\n" {
+		t.Fatalf("python profile jail: %q", out)
+	}
+	res, err := c.BuildProfile(context.Background(), "python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Cached || res.Image == nil {
+		t.Fatalf("second build of the python profile: %+v", res)
+	}
+	var cfg struct {
+		Isolation struct {
+			Filesystem struct {
+				Rootfs string `json:"rootfs"`
+			} `json:"filesystem"`
+		} `json:"isolation"`
+	}
+	if err := json.Unmarshal(d.getJail(t, j.ID).Config, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(cfg.Isolation.Filesystem.Rootfs, "@"+res.Image.ID) {
+		t.Errorf("the jail's rootfs %q does not pin the profile's image %s", cfg.Isolation.Filesystem.Rootfs, res.Image.ID)
+	}
+	r := d.api.do(t, "POST", "/jails", map[string]any{"isolation": map[string]any{"filesystem": map[string]any{"rootfs": "nix:nixpkgs#hello"}}})
+	if _, err := exec.LookPath("nix"); err != nil && (r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "nix is not installed")) {
+		t.Errorf("nix: rootfs without nix: %s", r)
+	}
 }
