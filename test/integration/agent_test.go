@@ -466,3 +466,125 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// TestAgentErrors: an unknown agent, an agent not installed, a workspace
+// that is no repository and a git URL that cannot be read are precise
+// errors that leave no jail behind; a sync with nothing new and a sync
+// after the branch moved on the host are refused without writing
+// anything; a failed install leaves no tree; running the agent of a jail
+// without one is refused.
+func TestAgentErrors(t *testing.T) {
+	e := newAgentEnv(t)
+	jailDirs := func() int {
+		ents, _ := os.ReadDir(filepath.Join(e.d.dir, "jails"))
+		return len(ents)
+	}
+	plain := t.TempDir()
+	os.WriteFile(filepath.Join(plain, "file.txt"), []byte("not a repository\n"), 0o644)
+	for _, tc := range []struct {
+		what string
+		body map[string]any
+		want string
+	}{
+		{"unknown agent", map[string]any{"agent": map[string]any{"name": "nope"}}, `unknown agent "nope"`},
+		{"agent not installed", map[string]any{"agent": map[string]any{"name": "claude", "version": "0.0.1"}}, "claude 0.0.1 is not installed"},
+		{"not a repository", map[string]any{"workspace": map[string]any{"repo": plain}}, "is not a git repository"},
+		{"failing git URL", map[string]any{"workspace": map[string]any{"repo": "file:///nonexistent/agentjail/repo.git"}}, "cannot read file:///nonexistent/agentjail/repo.git"},
+		{"unknown ref", map[string]any{"workspace": map[string]any{"repo": e.repo, "ref": "no-such-branch"}}, `"no-such-branch" names no commit`},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			before := jailDirs()
+			name := uniqueName(t)
+			body := map[string]any{"name": name}
+			for k, v := range tc.body {
+				body[k] = v
+			}
+			r := e.d.api.do(t, "POST", "/jails", body)
+			if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), tc.want) {
+				t.Fatalf("create with %s: %s; want 422 with %q", tc.what, r, tc.want)
+			}
+			if got := e.d.api.do(t, "GET", "/jails/"+name, nil); got.status != http.StatusNotFound {
+				t.Fatalf("after the failed create: GET /jails/%s: %s", name, got)
+			}
+			if after := jailDirs(); after != before {
+				t.Fatalf("the failed create left %d jail directories (had %d)", after, before)
+			}
+		})
+	}
+
+	t.Run("sync", func(t *testing.T) {
+		j := e.d.createJail(t, map[string]any{"workspace": map[string]any{"repo": e.repo}})
+		branch := "agentjail/" + j.Name
+		hasBranch := func() string {
+			out, _ := exec.Command("git", "-C", e.repo, "rev-parse", "--verify", "--quiet", branch).Output()
+			return strings.TrimSpace(string(out))
+		}
+		// Nothing changed yet.
+		r := e.d.api.do(t, "POST", "/jails/"+j.ID+"/sync", nil)
+		if r.status != http.StatusConflict || !strings.Contains(r.errorMessage(), "nothing to sync") {
+			t.Fatalf("empty sync: %s", r)
+		}
+		if hasBranch() != "" {
+			t.Fatal("an empty sync made the branch")
+		}
+		// A change syncs.
+		e.d.mustSh(t, j.ID, "echo one > /workspace/one.txt")
+		e.d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/sync", nil, nil)
+		first := hasBranch()
+		if first == "" {
+			t.Fatal("the sync made no branch")
+		}
+		// The host moves the branch; the next sync is refused and writes nothing.
+		gitIn(t, e.repo, "branch", "-f", branch, "main")
+		moved := hasBranch()
+		e.d.mustSh(t, j.ID, "echo two > /workspace/two.txt")
+		r = e.d.api.do(t, "POST", "/jails/"+j.ID+"/sync", nil)
+		if r.status != http.StatusConflict || !strings.Contains(r.errorMessage(), "moved to") || !strings.Contains(r.errorMessage(), "nothing was written") {
+			t.Fatalf("sync after the branch moved on the host: %s", r)
+		}
+		if hasBranch() != moved {
+			t.Fatal("the refused sync changed the branch")
+		}
+		if st := e.d.mustSh(t, j.ID, "cd /workspace && git status --porcelain"); !strings.Contains(st, "two.txt") {
+			t.Fatalf("the refused sync committed in the jail: status %q", st)
+		}
+		// A workspace that is no repository any more.
+		e.d.mustSh(t, j.ID, "rm -rf /workspace/.git")
+		gitIn(t, e.repo, "branch", "-f", branch, first)
+		r = e.d.api.do(t, "POST", "/jails/"+j.ID+"/sync", nil)
+		if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "is not a git repository") {
+			t.Fatalf("sync of a workspace without .git: %s", r)
+		}
+	})
+
+	t.Run("no agent", func(t *testing.T) {
+		j := e.d.createJail(t, nil)
+		r := e.d.api.do(t, "POST", "/jails/"+j.ID+"/agent/run", map[string]any{"prompt": "hi"})
+		if r.status != http.StatusConflict || !strings.Contains(r.errorMessage(), "has no agent") {
+			t.Fatalf("agent run in a jail without an agent: %s", r)
+		}
+		r = e.d.api.do(t, "POST", "/jails/"+j.ID+"/sync", nil)
+		if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "no workspace from a host repository") {
+			t.Fatalf("sync of a jail without a workspace: %s", r)
+		}
+	})
+
+	t.Run("failed install", func(t *testing.T) {
+		const version = "0.0.0-agentjail-none"
+		_, stderr, code := runBinTimeout(t, 5*time.Minute, e.env, "", "agent", "install", "claude", "--version", version)
+		if code == 0 || !strings.Contains(stderr, "npm") {
+			t.Fatalf("install of a version that does not exist: exit %d: %s", code, tail(stderr, 2000))
+		}
+		if _, err := os.Stat(filepath.Join(agentToolsDir(), "claude", version)); !os.IsNotExist(err) {
+			t.Fatalf("the failed install left a tree: %v", err)
+		}
+		staged, _ := filepath.Glob(filepath.Join(agentToolsDir(), ".staging", "claude@"+version+"*"))
+		if len(staged) > 0 {
+			t.Fatalf("the failed install left its staging directory: %v", staged)
+		}
+		r := e.d.api.do(t, "POST", "/agents/nope/install", nil)
+		if r.status != http.StatusNotFound || !strings.Contains(r.errorMessage(), `unknown agent "nope"`) {
+			t.Fatalf("install of an unknown agent: %s", r)
+		}
+	})
+}
