@@ -210,7 +210,17 @@ type Route struct {
 type NetworkLimits struct {
 	RequestsPerMinute int   `json:"requests_per_minute,omitempty"`
 	BytesPerHour      int64 `json:"bytes_per_hour,omitempty"`
+	// DNSQueriesPerSecond caps the jail's queries to the daemon's DNS
+	// (0: DefaultDNSQueriesPerSecond; 1 to MaxDNSQueriesPerSecond); the
+	// rest are dropped and counted.
+	DNSQueriesPerSecond int `json:"dns_queries_per_second,omitempty"`
 }
+
+// The DNS rate limit of a jail, per second.
+const (
+	DefaultDNSQueriesPerSecond = 100
+	MaxDNSQueriesPerSecond     = 10000
+)
 
 // Credential is a header added by the proxy to requests to Host. Its
 // value is Value or, with Secret, Value followed by the daemon's secret of

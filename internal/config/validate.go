@@ -176,6 +176,10 @@ func (n *Network) validate(h Host) error {
 	if l := n.Limits; l != nil && l.BytesPerHour < 0 {
 		return errdefs.Unprocessablef(p+"limits.bytes_per_hour: %d must not be negative", l.BytesPerHour)
 	}
+	if l := n.Limits; l != nil && (l.DNSQueriesPerSecond < 0 || l.DNSQueriesPerSecond > MaxDNSQueriesPerSecond) {
+		return errdefs.Unprocessablef(p+"limits.dns_queries_per_second: %d is not between 0 (the default, %d) and %d",
+			l.DNSQueriesPerSecond, DefaultDNSQueriesPerSecond, MaxDNSQueriesPerSecond)
+	}
 	for i, c := range n.Credentials {
 		field := fmt.Sprintf(p+"credentials[%d]", i)
 		if c.Host == "" || strings.ContainsAny(c.Host, "/:* ") {

@@ -448,6 +448,9 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	if d, err := m.FsDiff(ctx, ref, false); err == nil {
 		r.FsDiff = d
 	}
+	if s, ok := m.net.DNSStats(j.ID); ok {
+		r.DNS = &model.DNSStats{Answered: s.Answered, DroppedRateLimit: s.DroppedRateLimit, DroppedBusy: s.DroppedBusy}
+	}
 	return r, nil
 }
 

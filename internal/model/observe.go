@@ -110,10 +110,23 @@ type Report struct {
 	FsDiff   *FsDiff           `json:"fs_diff,omitempty"`
 	// Lost counts dropped events by source (kernel ring buffer, JSONL writer).
 	Lost map[string]uint64 `json:"lost"`
+	// DNS counts the jail's queries to the daemon's DNS: answered, and
+	// dropped (absent when the jail has no network attached).
+	DNS *DNSStats `json:"dns,omitempty"`
 	// Observation says whether the jail is watched, and why not.
 	Observation Check `json:"observation"`
 	// FileCheck cross-checks the syscall-derived file record with fanotify.
 	FileCheck *FileCheck `json:"file_check,omitempty"`
+}
+
+// DNSStats counts a jail's DNS queries: answered, dropped over its
+// network.limits.dns_queries_per_second, and dropped because it already
+// had the most queries in flight a jail may have (or the daemon's queue was
+// full).
+type DNSStats struct {
+	Answered         uint64 `json:"answered"`
+	DroppedRateLimit uint64 `json:"dropped_rate_limit"`
+	DroppedBusy      uint64 `json:"dropped_busy"`
 }
 
 // FileCheck compares the files fanotify saw closed after writing with the

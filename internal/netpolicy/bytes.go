@@ -50,16 +50,13 @@ type overBudget struct {
 	why string
 }
 
-// harvestBytesLocked reads and resets the counters of direct bytes,
-// charges them to the jails' budgets, and returns the jails now over
-// budget. m.mu is held.
+// harvestBytesLocked reads and resets the table's counters: direct bytes
+// are charged to the jails' budgets, UDP DNS queries the kernel dropped
+// over a jail's rate are counted and recorded (dnsDropped); it returns the
+// jails now over budget. m.mu is held.
 func (m *Manager) harvestBytesLocked() []overBudget {
-	counting := false
-	for _, js := range m.jails {
-		counting = counting || countsBytes(js.mode, js.pol())
-	}
-	if !counting {
-		return nil
+	if len(m.jails) == 0 {
+		return nil // every jail has a counter of dropped DNS queries
 	}
 	c, err := nftables.New()
 	if err != nil {
@@ -74,7 +71,16 @@ func (m *Manager) harvestBytesLocked() []overBudget {
 	var over []overBudget
 	for _, o := range objs {
 		co, ok := o.(*nftables.CounterObj)
-		if !ok || !strings.HasPrefix(co.Name, counterPrefix) || co.Bytes == 0 {
+		if !ok {
+			continue
+		}
+		if id, ok := strings.CutPrefix(co.Name, dnsCounterPrefix); ok && co.Packets > 0 {
+			if js := m.jails[id]; js != nil {
+				m.dnsDropped(js, dnsDropRate, co.Packets)
+			}
+			continue
+		}
+		if !strings.HasPrefix(co.Name, counterPrefix) || co.Bytes == 0 {
 			continue
 		}
 		js := m.jails[strings.TrimPrefix(co.Name, counterPrefix)]

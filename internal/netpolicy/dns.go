@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -29,8 +30,37 @@ func (js *jailState) hasRoute(name string) bool {
 // reach cached names soon.
 const dnsTTL = 30
 
-// serveDNSPackets answers DNS over UDP.
+// dnsJob is one admitted UDP query.
+type dnsJob struct {
+	js   *jailState
+	from net.Addr
+	src  string
+	q    []byte
+}
+
+// serveDNSPackets answers DNS over UDP with dnsWorkers workers fed by a
+// queue of dnsQueue queries. The kernel drops a jail's queries past its
+// rate (see addDNSLimit); a query past dnsPerJail in flight, or finding
+// the queue full, is dropped here and counted (see dnsDropped); the
+// reader never waits.
 func (m *Manager) serveDNSPackets(pc net.PacketConn) {
+	jobs := make(chan dnsJob, dnsQueue)
+	var workers sync.WaitGroup
+	for range dnsWorkers {
+		workers.Go(func() {
+			for j := range jobs {
+				resp := m.answerDNS(j.js, j.src, j.q, 512)
+				j.js.dns.done(resp != nil)
+				if resp != nil {
+					pc.WriteTo(resp, j.from)
+				}
+			}
+		})
+	}
+	defer func() {
+		close(jobs)
+		workers.Wait()
+	}()
 	buf := make([]byte, 65535)
 	for {
 		n, from, err := pc.ReadFrom(buf)
@@ -45,15 +75,19 @@ func (m *Manager) serveDNSPackets(pc net.PacketConn) {
 			continue
 		}
 		js := m.jailByAddr(ap.Addr())
-		if js == nil {
+		if js == nil || n > maxDNSQuery {
 			continue
 		}
-		q := append([]byte(nil), buf[:n]...)
-		go func() {
-			if resp := m.answerDNS(js, ap.String(), q, 512); resp != nil {
-				pc.WriteTo(resp, from)
-			}
-		}()
+		if rule := js.dns.admit(false); rule != "" {
+			m.dnsDropped(js, rule, 1)
+			continue
+		}
+		select {
+		case jobs <- dnsJob{js: js, from: from, src: ap.String(), q: append([]byte(nil), buf[:n]...)}:
+		default:
+			js.dns.done(false)
+			m.dnsDropped(js, dnsDropBusy, 1)
+		}
 	}
 }
 
@@ -74,7 +108,13 @@ func (m *Manager) serveDNSStream(c net.Conn) {
 		if _, err := io.ReadFull(c, q); err != nil {
 			return
 		}
-		resp := m.answerDNS(cc.info.js, cc.info.src, q, 65535)
+		js := cc.info.js
+		if rule := js.dns.admit(true); rule != "" {
+			m.dnsDropped(js, rule, 1)
+			return
+		}
+		resp := m.answerDNS(js, cc.info.src, q, 65535)
+		js.dns.done(resp != nil)
 		if resp == nil {
 			return
 		}

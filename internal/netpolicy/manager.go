@@ -178,6 +178,8 @@ type jailState struct {
 	policy *compiledPolicy
 	limits *limiter
 	up     *upstream
+	// dns admits and counts the jail's DNS queries (set at attach).
+	dns *dnsState
 
 	// limited names the rate limit the jail is over while the kernel
 	// refuses its direct connections ("" otherwise); relief re-checks
@@ -456,6 +458,7 @@ func (m *Manager) Attach(ctx context.Context, j Jail) (Attachment, error) {
 	js := &jailState{id: j.ID, name: j.Name, mode: j.Mode, veth: vethName(m.o.Prefix, j.ID),
 		ip: ip, netnsPath: j.NetnsPath, netnsIno: st.Ino, policy: cp}
 	js.limits = newLimiter(j.Policy.RequestsPerMinute, j.Policy.BytesPerHour)
+	js.dns = newDNSState(j.Policy.DNSQueriesPerSecond)
 	js.up = m.newUpstream(js)
 	if err := m.plumb(js); err != nil {
 		js.up.closeIdle(true)
@@ -615,6 +618,9 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 	if old.src.RequestsPerMinute != p.RequestsPerMinute || old.src.BytesPerHour != p.BytesPerHour {
 		js.limits = newLimiter(p.RequestsPerMinute, p.BytesPerHour)
 		js.limited = "" // a fresh budget
+	}
+	if old.src.DNSQueriesPerSecond != p.DNSQueriesPerSecond {
+		js.dns.setRate(p.DNSQueriesPerSecond)
 	}
 	js.mu.Unlock()
 	if err := m.applyLocked(); err != nil {

@@ -238,6 +238,9 @@ func (rs *ruleset) apply() error {
 	for _, j := range rs.jails {
 		jp := netip.PrefixFrom(j.ip, 32)
 		egress, named, in := regular("j_"+j.id), regular("n_"+j.id), regular("i_"+j.id)
+		// DNS over UDP past the jail's rate is dropped (and counted) here,
+		// before it can fill the daemon's socket for every jail.
+		rs.addDNSLimit(c, t, add, guard, j)
 		// Anti-spoofing: a jail sends IPv4 from its own address only.
 		add(guard, rule().iif(j.veth, false).ip4().saddr(jp).accept(), rule().iif(j.veth, false).drop())
 

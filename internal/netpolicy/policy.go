@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
 
@@ -50,6 +51,11 @@ type Policy struct {
 	RequestsPerMinute int `json:"requests_per_minute,omitempty"`
 	// BytesPerHour caps bytes through the daemon's proxies (0: no cap).
 	BytesPerHour int64 `json:"bytes_per_hour,omitempty"`
+	// DNSQueriesPerSecond caps the jail's queries to the daemon's DNS
+	// (0: config.DefaultDNSQueriesPerSecond; at most
+	// config.MaxDNSQueriesPerSecond);
+	// queries over it are dropped and counted.
+	DNSQueriesPerSecond int `json:"dns_queries_per_second,omitempty"`
 	// TLSInspection makes the proxy terminate TLS with a certificate of the
 	// daemon's CA, so HTTPS requests are recorded with method, path and
 	// status (the jail must trust the CA; Attachment says how).
@@ -234,6 +240,10 @@ func compile(p Policy) (*compiledPolicy, error) {
 	}
 	if p.BytesPerHour < 0 {
 		return nil, errdefs.Invalidf("limits.bytes_per_hour: must not be negative")
+	}
+	if p.DNSQueriesPerSecond < 0 || p.DNSQueriesPerSecond > config.MaxDNSQueriesPerSecond {
+		return nil, errdefs.Invalidf("limits.dns_queries_per_second: %d is not between 0 (the default, %d) and %d",
+			p.DNSQueriesPerSecond, config.DefaultDNSQueriesPerSecond, config.MaxDNSQueriesPerSecond)
 	}
 	for i, c := range p.Credentials {
 		if _, err := normalizeDomain(strings.TrimPrefix(c.Host, "*.")); err != nil {
