@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/model"
@@ -112,4 +113,15 @@ func (c *Client) AgentSession(ctx context.Context, ref string, req AgentSessionR
 func (c *Client) Sync(ctx context.Context, ref string) (*SyncResult, error) {
 	var out SyncResult
 	return &out, c.call(ctx, http.MethodPost, jailURL(ref)+"/sync", struct{}{}, &out)
+}
+
+// PreviewLink is a signed preview URL.
+type PreviewLink = model.PreviewLink
+
+// Preview returns a signed link to a port of the jail, served by the
+// daemon at http://<port>-<jail>.localhost:<daemon port>/, valid for ttl
+// (0: an hour).
+func (c *Client) Preview(ctx context.Context, ref string, port int, ttl time.Duration) (*PreviewLink, error) {
+	var out PreviewLink
+	return &out, c.call(ctx, http.MethodPost, jailURL(ref)+"/previews", model.PreviewRequest{Port: port, TTLS: int64(ttl / time.Second)}, &out)
 }

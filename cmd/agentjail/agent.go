@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -266,4 +268,37 @@ reported.`,
 			return nil
 		},
 	}
+}
+
+func newPreviewCmd(g *globals) *cobra.Command {
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "preview JAIL PORT",
+		Short: "Print a signed link to a dev server in the jail",
+		Long: `Print a link to PORT of the jail, served by the daemon's reverse proxy at
+http://PORT-JAIL.localhost:DAEMON-PORT/ (HTTP and WebSocket, so hot reload
+works). The link carries a signature valid for --ttl instead of the API token.`,
+		Args: usageArgs(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			port, err := strconv.Atoi(args[1])
+			if err != nil {
+				return usageError{fmt.Errorf("preview: PORT %q is not a number", args[1])}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			link, err := c.Preview(cmd.Context(), args[0], port, ttl)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), link)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), link.URL)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the link works")
+	return cmd
 }

@@ -65,7 +65,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 		newAttachCmd(g), newTerminalsCmd(g), newRecordingsCmd(g), newReplayCmd(g),
 		newSnapshotCmd(g), newSnapshotsCmd(g), newRestoreCmd(g), newBranchCmd(g),
 		newDiffCmd(g), newTreeCmd(g), newRmsnapCmd(g), newKeysCmd(g),
-		newAgentCmd(g), newSyncCmd(g),
+		newAgentCmd(g), newSyncCmd(g), newPreviewCmd(g),
 		newPullCmd(g), newImagesCmd(g), newRmiCmd(g), newLoadCmd(g), newCommitCmd(g), newImageCmd(g), newProfileCmd(g),
 	)
 	return root

@@ -23,6 +23,7 @@ import (
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/preview"
 )
 
 // The jail manager is what the E2B-compatible surface runs on.
@@ -196,12 +197,17 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		return err
 	}
 	defer e2bSvc.Close()
-	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents), api.WithImages(mgr),
+	previews, err := preview.New(mgr, token, absData)
+	if err != nil {
+		return err
+	}
+	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents), api.WithImages(mgr), api.WithPreviews(previews),
 		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc))
 	// The console serves its pages and sessions and hands every API route
-	// to the API's handler.
+	// to the API's handler; previews of jails' dev servers are answered
+	// by their host name before either.
 	root := console.New(console.Options{API: h, Log: log})
-	return listenAndServe(ctx, root, addr, dataDir, log, os.Stderr)
+	return listenAndServe(ctx, previews.Wrap(root), addr, dataDir, log, os.Stderr)
 }
 
 // listenAndServe serves h on addr until ctx is cancelled. Once listening

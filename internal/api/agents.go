@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"time"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
@@ -182,5 +183,31 @@ func (s *server) syncJail(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// PreviewService makes signed preview links (internal/preview).
+type PreviewService interface {
+	// Link returns a URL of the jail's port valid for ttl (0: an hour);
+	// base is the daemon's host:port as the client reached it.
+	Link(ctx context.Context, ref string, port int, ttl time.Duration, base string) (*model.PreviewLink, error)
+}
+
+// WithPreviews serves POST /jails/{id}/previews from p.
+func WithPreviews(p PreviewService) Option { return func(s *server) { s.previews = p } }
+
+func (s *server) createPreview(w http.ResponseWriter, r *http.Request) error {
+	if s.previews == nil {
+		return errdefs.NotImplementedf("this daemon does not serve previews")
+	}
+	var req model.PreviewRequest
+	if err := decodeBody(w, r, &req, false, false); err != nil {
+		return err
+	}
+	link, err := s.previews.Link(r.Context(), r.PathValue("id"), req.Port, time.Duration(req.TTLS)*time.Second, r.Host)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, link)
 	return nil
 }

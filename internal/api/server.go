@@ -174,6 +174,7 @@ var routes = []route{
 	{http.MethodPost, "/jails/{id}/agent/run", (*server).runAgent, true},
 	{http.MethodPost, "/jails/{id}/agent/session", (*server).agentSession, true},
 	{http.MethodPost, "/jails/{id}/sync", (*server).syncJail, true},
+	{http.MethodPost, "/jails/{id}/previews", (*server).createPreview, true},
 }
 
 type server struct {
@@ -191,6 +192,8 @@ type server struct {
 	mounts []mount
 	// agents serves the agent routes (nil: 501).
 	agents AgentService
+	// previews makes signed preview links (nil: 501).
+	previews PreviewService
 }
 
 // NewServer returns the API's handler: the routes of the route table over

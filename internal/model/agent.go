@@ -93,3 +93,19 @@ type SyncResult struct {
 	Files    []string  `json:"files"`
 	SyncedAt time.Time `json:"synced_at"`
 }
+
+// PreviewRequest is the body of POST /jails/{id}/previews.
+type PreviewRequest struct {
+	// Port is the jail's port the dev server listens on.
+	Port int `json:"port"`
+	// TTLS is how long the link is valid, in seconds (default 3600).
+	TTLS int64 `json:"ttl_s,omitempty"`
+}
+
+// PreviewLink is a signed preview URL of a jail's port.
+type PreviewLink struct {
+	Jail      string    `json:"jail"`
+	Port      int       `json:"port"`
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
