@@ -116,13 +116,13 @@ func (b *bgProc) run() {
 	delete(s.bg, ex.pid)
 	s.mu.Unlock()
 	s.rememberEnded(ex.pid, status)
+	s.releaseShim(ex.sh, res, shimOK) // before the attachments learn of the exit (see execution.run)
 	b.mu.Lock()
 	b.ended, b.exit = true, status
 	for a := range b.subs {
 		close(a.q)
 	}
 	b.mu.Unlock()
-	s.releaseShim(ex.sh, res, shimOK)
 	s.execs.Done()
 }
 

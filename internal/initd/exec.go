@@ -457,10 +457,13 @@ func (ex *execution) run() {
 	s.mu.Unlock()
 
 	ex.ended.Store(true)
+	// The shim is back in the pool (or let go) before the client learns
+	// of the exit: a request that follows it (emptying the pool before a
+	// snapshot) sees the pool as the command left it.
+	s.releaseShim(ex.sh, res, shimOK)
 	if !ex.connDead.Load() {
 		_ = ex.c.sendJSON(initproto.MsgExit, status)
 	}
-	s.releaseShim(ex.sh, res, shimOK)
 	ex.c.c.Close()
 	<-readerDone
 }
