@@ -196,6 +196,11 @@ type Network struct {
 	// Routes send the jail's HTTP requests for a host to another origin
 	// through the daemon's proxy (an agent's model endpoint).
 	Routes []Route `json:"routes,omitempty"`
+	// RegistryCache lets the jail pull images through the daemon's
+	// pull-through registry cache at http://registry.agentjail/v2/
+	// (<registry>/<repository>/manifests|blobs/<reference>): the daemon
+	// adds the route and its token (which never enters the jail).
+	RegistryCache bool `json:"registry_cache,omitempty"`
 }
 
 // Route sends a jail's plain-HTTP requests for Host to the origin of URL

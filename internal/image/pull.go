@@ -456,8 +456,13 @@ func (s *Store) parsePullRef(ref string) (name.Reference, error) {
 }
 
 // transport refuses plain HTTP to registries not named insecure.
+// Blobs and manifests by digest go through the registry cache.
 func (s *Store) transport() http.RoundTripper {
-	return &guardTransport{insecure: s.opts.Registries.Insecure, next: http.DefaultTransport}
+	var t http.RoundTripper = &guardTransport{insecure: s.opts.Registries.Insecure, next: http.DefaultTransport}
+	if s.cache != nil {
+		t = s.cache.Transport(t)
+	}
+	return t
 }
 
 type guardTransport struct {

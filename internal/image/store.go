@@ -48,6 +48,9 @@ type Options struct {
 	// Registries holds per-registry settings (insecure, credentials are
 	// taken from the docker config).
 	Registries Registries
+	// CacheBytes bounds the pull-through registry cache under Dir/cache
+	// (default DefaultCacheBytes; negative: no cache).
+	CacheBytes int64
 }
 
 // Registries are the per-registry settings of pulls.
@@ -71,6 +74,8 @@ type Store struct {
 	pins map[string]int
 	// inUse reports images held by jails and snapshots.
 	inUse func() map[string]bool
+	// cache is the pull-through registry cache (nil: none).
+	cache *BlobCache
 }
 
 type flight struct {
@@ -109,6 +114,13 @@ func Open(opts Options) (*Store, error) {
 	if err := s.sweepTmp(); err != nil {
 		return nil, err
 	}
+	if opts.CacheBytes >= 0 {
+		c, err := OpenBlobCache(filepath.Join(s.dir, "cache"), opts.CacheBytes)
+		if err != nil {
+			return nil, err
+		}
+		s.cache = c
+	}
 	data, err := os.ReadFile(s.indexPath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -136,6 +148,9 @@ func (s *Store) SetInUse(f func() map[string]bool) {
 	s.inUse = f
 	s.mu.Unlock()
 }
+
+// Cache returns the pull-through registry cache (nil when there is none).
+func (s *Store) Cache() *BlobCache { return s.cache }
 
 // Dir returns the store's directory.
 func (s *Store) Dir() string { return s.dir }

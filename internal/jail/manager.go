@@ -107,6 +107,8 @@ type Manager struct {
 	images *image.Store
 	// profiles builds the images of `profile:` and `nix:` jails.
 	profiles *profile.Builder
+	// regCache serves the registry cache to jails (regcache.go).
+	regCache *regCache
 
 	mu    sync.Mutex
 	jails map[string]*entry // by id
@@ -190,6 +192,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	}
 	m.profiles, err = profile.New(profile.Options{Dir: filepath.Join(dataDir, "profiles"), CacheDir: opts.ProfileCache, Images: m.images, Mirror: opts.DebianMirror})
 	if err != nil {
+		return nil, err
+	}
+	if err := m.startRegistryCache(); err != nil {
 		return nil, err
 	}
 	size := opts.PoolSize
@@ -290,6 +295,9 @@ func (m *Manager) Close() error {
 	}
 	if m.netTracer != nil {
 		errs = append(errs, m.netTracer.Close())
+	}
+	if m.regCache != nil {
+		errs = append(errs, m.regCache.srv.Close())
 	}
 	return errors.Join(append(errs, m.images.Close(), m.net.Close(), m.pool.Close())...)
 }
@@ -404,6 +412,7 @@ func (m *Manager) setState(e *entry, f func(j *model.Jail)) {
 func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error) {
 	cfg := req.Config
 	// The image's config fills what the request leaves unset.
+	m.applyRegistryCache(&cfg.Isolation.Network)
 	release, err := m.resolveImage(ctx, &cfg)
 	if err != nil {
 		return nil, err

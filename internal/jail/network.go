@@ -55,6 +55,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, n config.Networ
 	if n.Mode != j.Config.Isolation.Network.Mode && j.Status == model.StateRunning {
 		return nil, errdefs.Conflictf("network.mode: jail %s runs with mode %q; stop it to change the mode", j.Name, j.Config.Isolation.Network.Mode)
 	}
+	m.applyRegistryCache(&n)
 	cfg := j.Config
 	cfg.Isolation.Network = n
 	b, err := m.checkConfig(&cfg)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -216,6 +217,34 @@ func TestImageJails(t *testing.T) {
 		}
 	})
 
+	t.Run("registry cache for jails", func(t *testing.T) {
+		path := "http://" + jailCacheHost + "/v2/" + e.reg.Host + "/test/busybox/manifests/1"
+		j := d.createJail(t, map[string]any{
+			"isolation": map[string]any{"filesystem": map[string]any{"rootfs": "image:" + e.ref}, "network": map[string]any{"registry_cache": true}},
+		})
+		out := d.mustSh(t, j.ID, "wget -q -O- "+path)
+		if !strings.Contains(out, `"layers"`) {
+			t.Fatalf("manifest through the cache from the jail: %q", out)
+		}
+		dg, _ := e.baseLayer(t).Digest()
+		before := e.reg.BlobGets(dg.String())
+		out = d.mustSh(t, j.ID, "wget -q -O- http://"+jailCacheHost+"/v2/"+e.reg.Host+"/test/busybox/blobs/"+dg.String()+" | wc -c")
+		if strings.TrimSpace(out) == "0" || e.reg.BlobGets(dg.String()) != before {
+			t.Errorf("blob through the cache: %q bytes, registry fetches %d → %d", out, before, e.reg.BlobGets(dg.String()))
+		}
+		if strings.Contains(string(d.getJail(t, j.ID).Config), d.regCacheToken(t)) {
+			t.Error("the cache's token shows in the jail's config")
+		}
+		if r := d.exec(t, j.ID, execReq{Cmd: []string{"sh", "-c", "env; cat /proc/1/environ"}}); strings.Contains(r.Stdout, d.regCacheToken(t)) {
+			t.Error("the cache's token entered the jail")
+		}
+		// A jail whose policy does not allow it cannot reach the cache.
+		j2 := d.createJail(t, map[string]any{"isolation": map[string]any{"filesystem": map[string]any{"rootfs": "image:" + e.ref}}})
+		if r := d.shAs(t, j2.ID, "", "wget -q -T 5 -O- "+path); r.ExitCode == 0 || strings.Contains(r.Stdout, "layers") {
+			t.Errorf("a jail without registry_cache reached the cache: %s", &r)
+		}
+	})
+
 	t.Run("rmi and prune", func(t *testing.T) {
 		j := d.createJail(t, map[string]any{"isolation": map[string]any{"filesystem": map[string]any{"rootfs": "image:" + e.ref}}})
 		if _, err := c.RemoveImage(ctx, img.ID, false); !isAPIError(err, http.StatusConflict, "used by") {
@@ -289,4 +318,23 @@ func TestProfileJail(t *testing.T) {
 	if _, err := exec.LookPath("nix"); err != nil && (r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "nix is not installed")) {
 		t.Errorf("nix: rootfs without nix: %s", r)
 	}
+}
+
+// jailCacheHost is the registry cache's name for jails.
+const jailCacheHost = "registry.agentjail"
+
+// regCacheToken is the token of d's registry cache.
+func (d *daemon) regCacheToken(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(d.dir, "registry-cache.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal(data, &st); err != nil || st.Token == "" {
+		t.Fatalf("registry-cache.json: %v", err)
+	}
+	return st.Token
 }
