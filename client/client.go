@@ -50,6 +50,8 @@ type (
 	AccessResult = model.AccessResult
 	// Health is the daemon's health report.
 	Health = model.Health
+	// BranchRequest says how many jails Branch makes and their names.
+	BranchRequest = model.BranchRequest
 	// Config is a jail's configuration.
 	Config = config.Config
 	// Isolation is the isolation part of a Config.

@@ -71,13 +71,13 @@ func (c *Client) Restore(ctx context.Context, sid, name string) (*Jail, error) {
 	return &j, nil
 }
 
-// Branch makes count (0 means 1) independent running jails from one
-// snapshot, named namePrefix-1 ... ("" prefix: the snapshot's name).
-func (c *Client) Branch(ctx context.Context, sid string, count int, namePrefix string) ([]*Jail, error) {
+// Branch makes req.Count (0 means 1, or len(req.Names)) independent
+// running jails from one snapshot, named by req.Names, else
+// req.NamePrefix-1 ..., else each after the snapshot and its own id.
+func (c *Client) Branch(ctx context.Context, sid string, req BranchRequest) ([]*Jail, error) {
 	var out struct {
 		Jails []*Jail `json:"jails"`
 	}
-	req := model.BranchRequest{Count: count, NamePrefix: namePrefix}
 	if err := c.call(ctx, http.MethodPost, snapshotURL(sid)+"/branch", req, &out); err != nil {
 		return nil, err
 	}

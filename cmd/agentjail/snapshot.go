@@ -108,19 +108,20 @@ func newRestoreCmd(g *globals) *cobra.Command {
 func newBranchCmd(g *globals) *cobra.Command {
 	var n int
 	var prefix string
+	var names []string
 	cmd := &cobra.Command{
-		Use:   "branch SNAPSHOT [-n N] [--prefix NAME]",
+		Use:   "branch SNAPSHOT [-n N] [--prefix NAME | --name NAME...]",
 		Short: "Make N independent running jails from one snapshot and print their ids",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if n < 1 || n > model.MaxBranches {
+			if n < 0 || n > model.MaxBranches {
 				return usageError{fmt.Errorf("branch: -n %d must be between 1 and %d", n, model.MaxBranches)}
 			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			js, err := c.Branch(cmd.Context(), args[0], n, prefix)
+			js, err := c.Branch(cmd.Context(), args[0], client.BranchRequest{Count: n, NamePrefix: prefix, Names: names})
 			if err != nil {
 				return err
 			}
@@ -133,8 +134,9 @@ func newBranchCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().IntVarP(&n, "count", "n", 1, "how many jails")
-	cmd.Flags().StringVar(&prefix, "prefix", "", "name the jails PREFIX-1 ... (default: the snapshot's name)")
+	cmd.Flags().IntVarP(&n, "count", "n", 0, "how many jails (default 1, or the number of --name)")
+	cmd.Flags().StringVar(&prefix, "prefix", "", "name the jails PREFIX-1 ... (default: the snapshot's name and six hex digits of each jail's id)")
+	cmd.Flags().StringArrayVar(&names, "name", nil, "a jail's name (repeat for each jail)")
 	return cmd
 }
 

@@ -38,12 +38,14 @@ var statusKinds = []struct {
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable},
 	{errdefs.ErrTimeout, http.StatusGatewayTimeout},
 	{errdefs.ErrUnresponsive, http.StatusGatewayTimeout},
+	{errdefs.ErrNoSpace, http.StatusInsufficientStorage},
 }
 
 // HTTPStatus returns the HTTP status of err's kind: 400 ErrInvalid,
 // 422 ErrUnprocessable, 404 ErrNotFound, 409 ErrConflict, 403 ErrForbidden,
 // 401 ErrUnauthorized, 413 ErrTooLarge, 501 ErrNotImplemented,
-// 503 ErrUnavailable, 504 ErrTimeout and ErrUnresponsive, and 500 for an error without a kind.
+// 503 ErrUnavailable, 504 ErrTimeout and ErrUnresponsive, 507 ErrNoSpace,
+// and 500 for an error without a kind.
 func HTTPStatus(err error) int {
 	for _, k := range statusKinds {
 		if errors.Is(err, k.kind) {

@@ -100,10 +100,7 @@ func (s *server) branchSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeBody(w, r, &req, false, true); err != nil {
 		return err
 	}
-	if req.Count < 0 || req.Count > model.MaxBranches {
-		return errdefs.Invalidf("count: %d must be between 1 and %d", req.Count, model.MaxBranches)
-	}
-	js, err := s.svc.Branch(r.Context(), r.PathValue("sid"), req.Count, req.NamePrefix)
+	js, err := s.svc.Branch(r.Context(), r.PathValue("sid"), req)
 	if err != nil {
 		return err
 	}
@@ -162,9 +159,9 @@ type SnapshotService interface {
 	DeleteSnapshot(ctx context.Context, sid string) error
 	// Restore makes a new running jail in the snapshot's state.
 	Restore(ctx context.Context, sid, name string) (*model.Jail, error)
-	// Branch makes count (1..model.MaxBranches; 0 means 1) independent
-	// running jails from one snapshot, named namePrefix-1...
-	Branch(ctx context.Context, sid string, count int, namePrefix string) ([]*model.Jail, error)
+	// Branch makes req.Count (1..model.MaxBranches) independent running
+	// jails from one snapshot, named as req says; all or none.
+	Branch(ctx context.Context, sid string, req model.BranchRequest) ([]*model.Jail, error)
 	// SnapshotDiff compares a snapshot with its jail as it is now.
 	SnapshotDiff(ctx context.Context, sid string, text bool) (*model.FsDiff, error)
 	// Diff compares the filesystems of from and to, each a jail ref or a

@@ -48,7 +48,7 @@ type Jails interface {
 	Snapshot(ctx context.Context, ref string, req model.SnapshotRequest) (*model.Snapshot, error)
 	ListSnapshots(ctx context.Context, ref string) ([]*model.Snapshot, error)
 	Restore(ctx context.Context, sid, name string) (*model.Jail, error)
-	Branch(ctx context.Context, sid string, count int, namePrefix string) ([]*model.Jail, error)
+	Branch(ctx context.Context, sid string, req model.BranchRequest) ([]*model.Jail, error)
 	DeleteSnapshot(ctx context.Context, sid string) error
 	Report(ctx context.Context, ref string) (*model.Report, error)
 	Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, uint64, error)

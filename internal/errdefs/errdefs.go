@@ -23,6 +23,7 @@ var (
 	ErrUnavailable    = errors.New("unavailable")      // 503: dependency missing or busy
 	ErrTimeout        = errors.New("timeout")          // 504
 	ErrUnresponsive   = errors.New("unresponsive")     // 504: a jail's init does not answer
+	ErrNoSpace        = errors.New("no space")         // 507: the data dir's disk is full
 )
 
 // kindError carries a message and a kind, and optionally a cause.
@@ -107,4 +108,5 @@ var kinds = []struct {
 	{ErrUnavailable, "unavailable"},
 	{ErrTimeout, "timeout"},
 	{ErrUnresponsive, "jail_unresponsive"},
+	{ErrNoSpace, "no_space"},
 }

@@ -2,7 +2,6 @@ package jail
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -292,20 +291,32 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 	if err != nil {
 		return nil, err
 	}
-	id := newID()
-	if name == "" {
-		name = snap.Name + "-" + id[:6]
+	if name != "" {
+		if err := config.ValidName(name); err != nil {
+			return nil, err
+		}
 	}
-	if err := config.ValidName(name); err != nil {
-		return nil, err
+	var e *entry
+	// A derived name is unique by construction: another id is drawn
+	// while the name it gives is taken.
+	for try := 0; ; try++ {
+		id, jname := newID(), name
+		if jname == "" {
+			jname = derivedName(snap.Name, id)
+		}
+		e = &entry{dir: m.jailDir(id), rec: model.Jail{
+			ID: id, Name: jname, Status: model.StateStarting, CreatedAt: time.Now().UTC(), Config: snap.Config,
+			Parent: &model.Lineage{Kind: model.LineageSnapshot, ID: snap.ID, Name: snap.Name},
+		}}
+		err := m.register(e)
+		if err == nil {
+			break
+		}
+		if name != "" || try == 16 {
+			return nil, err
+		}
 	}
-	e := &entry{dir: m.jailDir(id), rec: model.Jail{
-		ID: id, Name: name, Status: model.StateStarting, CreatedAt: time.Now().UTC(), Config: snap.Config,
-		Parent: &model.Lineage{Kind: model.LineageSnapshot, ID: snap.ID, Name: snap.Name},
-	}}
-	if err := m.register(e); err != nil {
-		return nil, err
-	}
+	id := e.rec.ID
 	e.op.Lock()
 	defer e.op.Unlock()
 	fail := func(err error) (*model.Jail, error) {
@@ -351,32 +362,88 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 	return e.view(), nil
 }
 
-// Branch makes count (1 to model.MaxBranches; 0 means 1) independent
-// running jails from snapshot sid, named namePrefix-1 ... namePrefix-N
-// (default prefix: the snapshot's name). Either all are made or, on the
-// first failure, those made are destroyed and the error returned.
-func (m *Manager) Branch(ctx context.Context, sid string, count int, namePrefix string) ([]*model.Jail, error) {
-	if count == 0 {
+// derivedName is the name of a jail made from a snapshot named base when
+// the request names none: base (shortened to fit) and six hex digits of
+// the jail's id.
+func derivedName(base, id string) string {
+	suffix := "-" + id[:6]
+	if room := maxNameLen - len(suffix); len(base) > room {
+		base = base[:room]
+	}
+	return base + suffix
+}
+
+// maxNameLen is the longest jail name config.ValidName accepts.
+const maxNameLen = 63
+
+// branchNames returns the names of the jails req asks for ("" each for
+// names derived from the snapshot's and the jail's id), checked: valid,
+// distinct, and not held by a jail now.
+func (m *Manager) branchNames(req model.BranchRequest) ([]string, error) {
+	count := req.Count
+	switch {
+	case len(req.Names) > 0 && req.NamePrefix != "":
+		return nil, errdefs.Invalidf("names and name_prefix: give one or the other")
+	case len(req.Names) > 0 && count == 0:
+		count = len(req.Names)
+	case len(req.Names) > 0 && count != len(req.Names):
+		return nil, errdefs.Invalidf("count: %d, but names has %d", count, len(req.Names))
+	case count == 0:
 		count = 1
 	}
 	if count < 1 || count > model.MaxBranches {
 		return nil, errdefs.Invalidf("count: %d must be between 1 and %d", count, model.MaxBranches)
+	}
+	names := make([]string, count)
+	switch {
+	case len(req.Names) > 0:
+		copy(names, req.Names)
+	case req.NamePrefix != "":
+		for i := range names {
+			names[i] = fmt.Sprintf("%s-%d", req.NamePrefix, i+1)
+		}
+	default:
+		return names, nil
+	}
+	seen := map[string]bool{}
+	for i, n := range names {
+		if err := config.ValidName(n); err != nil {
+			if len(req.Names) > 0 {
+				return nil, fmt.Errorf("names[%d]: %w", i, err)
+			}
+			return nil, fmt.Errorf("name_prefix: %w", err)
+		}
+		if seen[n] {
+			return nil, errdefs.Invalidf("names: %q is given twice", n)
+		}
+		seen[n] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range names {
+		if _, taken := m.names[n]; taken {
+			return nil, errdefs.Conflictf("a jail named %q already exists", n)
+		}
+	}
+	return names, nil
+}
+
+// Branch makes independent running jails from snapshot sid: req.Count
+// (1 to model.MaxBranches; 0 means 1, or len(req.Names)), named as req
+// says (see model.BranchRequest). Every name is checked before any jail
+// is made; then either all are made or, on the first failure, those made
+// are destroyed and the error returned.
+func (m *Manager) Branch(ctx context.Context, sid string, req model.BranchRequest) ([]*model.Jail, error) {
+	names, err := m.branchNames(req)
+	if err != nil {
+		return nil, err
 	}
 	snap, done, err := m.use(sid)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	if namePrefix == "" {
-		namePrefix = snap.Name
-	}
-	names := make([]string, count)
-	for i := range names {
-		names[i] = fmt.Sprintf("%s-%d", namePrefix, i+1)
-		if err := config.ValidName(names[i]); err != nil {
-			return nil, fmt.Errorf("name_prefix: %w", err)
-		}
-	}
+	count := len(names)
 	out := make([]*model.Jail, count)
 	errs := make([]error, count)
 	// Five restores per CPU: each spends much of its time waiting (for
@@ -394,7 +461,7 @@ func (m *Manager) Branch(ctx context.Context, sid string, count int, namePrefix 
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := firstError(errs); err != nil {
 		for _, j := range out {
 			if j != nil {
 				if derr := m.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
@@ -405,6 +472,25 @@ func (m *Manager) Branch(ctx context.Context, sid string, count int, namePrefix 
 		return nil, err
 	}
 	return out, nil
+}
+
+// firstError is the first of a branch's errors, saying how many of its
+// jails failed (nil when none did).
+func firstError(errs []error) error {
+	var first error
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	if failed > 1 {
+		return fmt.Errorf("%d of %d branches failed, the first: %w", failed, len(errs), first)
+	}
+	return first
 }
 
 // side is one end of a diff: a running jail's live layers or a snapshot's

@@ -79,13 +79,19 @@ type RestoreRequest struct {
 	Name string `json:"name,omitempty"`
 }
 
-// BranchRequest is the body of POST /snapshots/{sid}/branch.
+// BranchRequest is the body of POST /snapshots/{sid}/branch. The jails
+// are named by Names, else PREFIX-1 ... PREFIX-N with NamePrefix, else
+// each SNAPSHOT-XXXXXX (the snapshot's name and six hex digits of the
+// jail's id), which no other jail holds.
 type BranchRequest struct {
-	// Count is how many jails to make (default 1, at most MaxBranches).
+	// Count is how many jails to make (default 1, or len(Names); at most
+	// MaxBranches).
 	Count int `json:"count,omitempty"`
-	// NamePrefix names the jails PREFIX-1 ... PREFIX-N (default: the
-	// snapshot's name).
+	// NamePrefix names the jails PREFIX-1 ... PREFIX-N.
 	NamePrefix string `json:"name_prefix,omitempty"`
+	// Names names each jail (distinct; Count, when given, must be their
+	// number). Not with NamePrefix.
+	Names []string `json:"names,omitempty"`
 }
 
 // MaxBranches bounds BranchRequest.Count.

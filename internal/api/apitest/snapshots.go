@@ -146,25 +146,31 @@ func (s *Service) Restore(_ context.Context, sid, name string) (*model.Jail, err
 }
 
 // Branch makes count jails from a snapshot.
-func (s *Service) Branch(_ context.Context, sid string, count int, prefix string) ([]*model.Jail, error) {
+func (s *Service) Branch(_ context.Context, sid string, req model.BranchRequest) ([]*model.Jail, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sn, err := s.snapshot(sid)
 	if err != nil {
 		return nil, err
 	}
+	count := req.Count
 	if count == 0 {
-		count = 1
+		count = max(len(req.Names), 1)
 	}
 	if count < 1 || count > model.MaxBranches {
 		return nil, errdefs.Invalidf("count: %d must be between 1 and %d", count, model.MaxBranches)
 	}
+	prefix := req.NamePrefix
 	if prefix == "" {
 		prefix = sn.s.Name
 	}
 	var out []*model.Jail
 	for i := 1; i <= count; i++ {
-		j, err := s.restoreLocked(sn, fmt.Sprintf("%s-%d", prefix, i))
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		if i <= len(req.Names) {
+			name = req.Names[i-1]
+		}
+		j, err := s.restoreLocked(sn, name)
 		if err != nil {
 			return nil, err
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/oci"
+	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
@@ -71,6 +72,9 @@ const (
 	savedControl  = "control"
 	checkpointRec = "checkpoint.json"
 	dumpConf      = "criu-dump.conf"
+	// processesRec names the checkpoint's processes by their pid in the
+	// jail (for restore errors, whose pids are those).
+	processesRec = "processes.json"
 )
 
 // hookScript is the CRIU action script of a process checkpoint. It acts at
@@ -290,6 +294,9 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	if err := sameSize(b.opts.Pool.DiskPath(inst.ID), opts.DiskImage); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: the disk copy was not made: %w", inst.Name, err)
 	}
+	if err := recordProcesses(filepath.Join(opts.Dir, processesRec), p.cgroup); err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: %w", inst.Name, err)
+	}
 	res := backend.CheckpointResult{Frozen: frozenTime(filepath.Join(work, "dump.log"))}
 	res.ProcessBytes, _ = dirSize(images)
 	return res, nil
@@ -441,7 +448,11 @@ func dumpError(inst backend.Instance, logPath string, err error) error {
 	if len(names) > 0 {
 		detail += " (" + strings.Join(names, ", ") + ")"
 	}
-	return errdefs.Unprocessablef("checkpoint of jail %s failed; the jail keeps running: %s", inst.Name, detail)
+	kind := errdefs.ErrUnprocessable
+	if strings.Contains(detail, "No space left on device") {
+		kind = errdefs.ErrNoSpace
+	}
+	return errdefs.New(kind, "checkpoint of jail %s failed; the jail keeps running: %s", inst.Name, detail)
 }
 
 // processName describes a host pid: its command line and uid.
@@ -628,7 +639,7 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 	herr := h.close()
 	if err != nil {
 		pipes.Close()
-		return 0, restoreError(inst, filepath.Join(work, "restore.log"), err)
+		return 0, restoreError(inst, src.Dir, filepath.Join(work, "restore.log"), err)
 	}
 	go drain(pipes)
 	if herr != nil {
@@ -724,27 +735,123 @@ func drain(pipes runc.IO) {
 	pipes.Close()
 }
 
-func restoreError(inst backend.Instance, logPath string, err error) error {
+// restoreLineRE reads a CRIU restore log's error lines: the pid (in the
+// jail) of the task that logged it, if any, and the message.
+var restoreLineRE = regexp.MustCompile(`^\([0-9.]+\)\s+(?:(\d+): )?Error \([^)]*\): (.*)$`)
+
+// restorePidRE finds the task a restore message is about.
+var restorePidRE = regexp.MustCompile(`^(\d+) (?:killed|exited)\b|\bfor (\d+)$|\(pid:? (\d+)\)`)
+
+// restoreError turns a failed restore into an error naming CRIU's reason
+// and the checkpoint's processes it concerns (from the record snapDir
+// holds): ErrUnprocessable, or ErrNoSpace when a disk was full.
+func restoreError(inst backend.Instance, snapDir, logPath string, err error) error {
 	f, ferr := os.Open(logPath)
 	if ferr != nil {
 		return fmt.Errorf("restore of jail %s: %w", inst.Name, err)
 	}
 	defer f.Close()
 	var msgs []string
+	var pids []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if m := dumpErrorRE.FindStringSubmatch(sc.Text()); m != nil && !strings.Contains(m[1], "RLIMIT_NOFILE for self") {
-			msgs = append(msgs, strings.TrimSpace(m[1]))
+		m := restoreLineRE.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
 		}
-	}
-	if len(msgs) > 4 {
-		msgs = msgs[len(msgs)-4:]
+		msg := strings.TrimSpace(m[2])
+		if strings.Contains(msg, "RLIMIT_NOFILE for self") || msg == "Restoring FAILED." || strings.Contains(msg, "cgroupd: recv req error") {
+			continue
+		}
+		named := []string{m[1]}
+		if k := restorePidRE.FindStringSubmatch(msg); k != nil {
+			named = k[1:]
+		}
+		for _, pid := range named {
+			if pid != "" && pid != "1" && !containsStr(pids, pid) {
+				pids = append(pids, pid)
+			}
+		}
+		if !containsStr(msgs, msg) {
+			msgs = append(msgs, msg)
+		}
 	}
 	if len(msgs) == 0 {
 		return fmt.Errorf("restore of jail %s: %w (see %s)", inst.Name, err, logPath)
 	}
-	return fmt.Errorf("restore of jail %s: %w: %s", inst.Name, err, strings.Join(msgs, "; "))
+	if len(msgs) > 4 {
+		msgs = msgs[len(msgs)-4:]
+	}
+	detail := strings.Join(msgs, "; ")
+	if names := processNames(filepath.Join(snapDir, processesRec), pids); names != "" {
+		detail += " (" + names + ")"
+	}
+	kind := errdefs.ErrUnprocessable
+	if strings.Contains(detail, "No space left on device") {
+		kind = errdefs.ErrNoSpace
+	}
+	return errdefs.New(kind, "restore of jail %s from its snapshot failed: %s", inst.Name, detail)
+}
+
+// recordProcesses writes to path a description of each process in the
+// jail's cgroup by its pid in the jail ("sleep 1000" uid 1000).
+func recordProcesses(path, cgroup string) error {
+	hostPids, err := cgroups.Pids(cgroup)
+	if err != nil {
+		return fmt.Errorf("the jail's processes: %w", err)
+	}
+	names := map[string]string{}
+	for _, hp := range hostPids {
+		if pid := jailPid(hp); pid != "" {
+			names[pid] = processName(strconv.Itoa(hp))
+		}
+	}
+	data, err := json.Marshal(names)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return fmt.Errorf("the jail's processes: %w", err)
+	}
+	return nil
+}
+
+// jailPid is host process hp's pid in its innermost pid namespace ("" when
+// it is gone).
+func jailPid(hp int) string {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", hp))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				return f[len(f)-1]
+			}
+		}
+	}
+	return ""
+}
+
+// processNames describes pids (in the jail) from a checkpoint's record of
+// its processes: "pid 43 was "sleep 3000" uid 1000, ...".
+func processNames(record string, pids []string) string {
+	data, err := os.ReadFile(record)
+	if err != nil || len(pids) == 0 {
+		return ""
+	}
+	var names map[string]string
+	if json.Unmarshal(data, &names) != nil {
+		return ""
+	}
+	var out []string
+	for _, pid := range pids {
+		if n, ok := names[pid]; ok {
+			out = append(out, fmt.Sprintf("pid %s in the jail was %s", pid, n))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // restoreControl copies the control files saved with a checkpoint into a
