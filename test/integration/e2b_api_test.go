@@ -80,6 +80,19 @@ func TestE2BTimeouts(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Paused, it holds no jail: no process, no memory, no CPU.
+	var detail struct {
+		Agentjail struct {
+			JailID string   `json:"jailID"`
+			Jails  []string `json:"jails"`
+		} `json:"agentjail"`
+	}
+	if r := e2bCall(t, d, key, "GET", "/sandboxes/"+paused.SandboxID, nil); json.Unmarshal(r.body, &detail) != nil || detail.Agentjail.JailID == "" {
+		t.Fatalf("detail: %s", r)
+	}
+	if r, err := d.api.send("GET", "/jails/"+detail.Agentjail.JailID, nil); err != nil || r.status != http.StatusNotFound {
+		t.Fatalf("the paused sandbox's jail still exists: %v %v", r, err)
+	}
 	if r := e2bCall(t, d, key, "POST", "/v2/sandboxes/"+paused.SandboxID+"/connect", map[string]any{"timeout": 60}); r.status != http.StatusCreated {
 		t.Fatalf("resume: %s", r)
 	}
@@ -271,6 +284,10 @@ func TestE2BPolledWatcherAndStreamInput(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	// envd's /metrics: the sandbox's resource use.
+	if r, err := d.api.send("GET", "/e2b/envd/metrics", nil, "E2b-Sandbox-Id", sb.SandboxID, "X-Access-Token", sb.EnvdAccessToken); err != nil || r.status != http.StatusOK || !strings.Contains(string(r.body), `"mem_total"`) {
+		t.Fatalf("metrics: %v %v", r, err)
 	}
 	// A wrong token is 401, an unknown sandbox 502 (E2B's edge answer).
 	_, badFS := envdClient(d, sb, "wrong")
