@@ -21,7 +21,6 @@ const jailPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 const (
 	agentMemory = 2 * config.GiB
 	agentPids   = 512
-	agentDisk   = 4 * config.GiB
 )
 
 // providerEnv are the variables that point each provider's SDK at the
@@ -72,7 +71,7 @@ func parseEndpoint(s string) (*url.URL, error) {
 // tree m mounted read-only at ToolRoot/<agent> with its bin/ first on
 // PATH, the agent's unattended-run variables, the model host allowed and
 // routed (to the endpoint override or the real API) with the daemon's key
-// added by the proxy, and roomier resource defaults. keys tells whether
+// added by the proxy, and roomier memory and pids defaults. keys tells whether
 // the daemon holds the provider's key: without one, only an endpoint
 // override (a local model server may need none) is accepted.
 func Expand(cfg *config.Config, def *Definition, m *Manifest, keys *Keys) error {
@@ -140,9 +139,6 @@ func Expand(cfg *config.Config, def *Definition, m *Manifest, keys *Keys) error 
 	}
 	if r.PidsLimit == 0 {
 		r.PidsLimit = agentPids
-	}
-	if r.DiskBytes == 0 {
-		r.DiskBytes = agentDisk
 	}
 	return nil
 }
