@@ -50,8 +50,8 @@ func claudeHome(h HomeOptions) (map[string][]byte, error) {
 		// Bypass mode is the point (the jail is the sandbox): no offer to
 		// switch to auto mode, whose classifier calls the model too.
 		"disableAutoMode": "disable",
-		"permissions":                       map[string]any{"defaultMode": "bypassPermissions"},
-		"env":                               map[string]string{"DISABLE_AUTOUPDATER": "1"},
+		"permissions":     map[string]any{"defaultMode": "bypassPermissions"},
+		"env":             map[string]string{"DISABLE_AUTOUPDATER": "1"},
 	}
 	if h.Model != "" {
 		settings["model"] = h.Model
