@@ -70,4 +70,14 @@ if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
 else
 	log "warning: node and npm are not installed: the E2B SDK tests will fail"
 fi
+# The agent tests install Claude Code, Codex CLI, Gemini CLI and opencode
+# with npm (through `agentjail agent install`) once per machine into
+# /var/cache/agentjail/tools (about 1.3 GB, 40 s on an empty npm cache);
+# later runs find them there. The daemon itself needs npm only to install.
+if ! command -v npm >/dev/null 2>&1; then
+	log "installing npm (agentjail agent install runs it)"
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
+mkdir -p /var/cache/agentjail/tools
 log "ok: packages present, criu $(criu --version | sed -n 's/^Version: *//p'), $gover"
