@@ -726,7 +726,13 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		out.Host = out.URL.Host
 	}
 	out.Header = r.Header.Clone()
+	upgrade := wantsWebSocket(r.Header)
 	stripHop(out.Header)
+	if upgrade {
+		// The hop-by-hop headers of the upgrade go on to the upstream.
+		out.Header.Set("Connection", "Upgrade")
+		out.Header.Set("Upgrade", r.Header.Get("Upgrade"))
+	}
 	for _, c := range js.pol().credentialsFor(host) {
 		v := c.Value
 		if c.Secret != "" {
@@ -770,6 +776,15 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		ev.Status = status
 		http.Error(w, "agentjail: "+err.Error(), status)
 		finish(verdict, d.Rule, err)
+		return
+	}
+	if upgrade && resp.StatusCode == http.StatusSwitchingProtocols {
+		ev.Status = resp.StatusCode
+		in, out, err := m.relayUpgrade(w, resp, pc)
+		ev.BytesOut += out
+		ev.BytesIn = in
+		m.spend(js, ev.BytesOut+ev.BytesIn)
+		finish(VerdictAllow, d.Rule, err)
 		return
 	}
 	stripHop(resp.Header)

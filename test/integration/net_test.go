@@ -28,7 +28,7 @@ import (
 )
 
 // testInternet is a network namespace reached from the host over a veth,
-// with an HTTP server on port 80, an HTTPS server (a self-signed
+// with an HTTP server on port 80 (a WebSocket echo at /ws), an HTTPS server (a self-signed
 // certificate no one trusts) on port 443 and TCP echo services on ports 7
 // and 9 at addr. The daemon's DNS gets its names from the hosts file at
 // hosts.
@@ -74,6 +74,10 @@ func newTestInternet(t *testing.T, names ...string) *testInternet {
 		in.mu.Lock()
 		in.reqs = append(in.reqs, r.Clone(r.Context()))
 		in.mu.Unlock()
+		if r.URL.Path == "/ws" {
+			echoWebSocket(w, r)
+			return
+		}
 		fmt.Fprintf(w, "hello from %s%s", r.Host, r.URL.Path)
 	})
 	cert := selfSigned(t, names)
