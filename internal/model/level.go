@@ -64,10 +64,22 @@ type Capabilities struct {
 	// FSSnapshot is true when a running jail's filesystem can be
 	// snapshotted (snapshot mode fs) and diffed.
 	FSSnapshot bool `json:"fs_snapshot"`
+	// Exposes are what of the host the level's jails can see though not
+	// change (ExposesHostProcesses); the conformance harness lets through
+	// exactly these of its escape probes' findings. Empty for a level
+	// that hides them all.
+	Exposes []string `json:"exposes,omitempty"`
 	// Guarantees says in one sentence what the level isolates and what it
 	// does not.
 	Guarantees string `json:"guarantees"`
 }
+
+// What a level's jails may see of the host (Capabilities.Exposes).
+const (
+	// ExposesHostProcesses: the host's process list (/proc) is visible;
+	// other processes cannot be traced, signalled or read.
+	ExposesHostProcesses = "host_processes"
+)
 
 // Level is one isolation level as GET /health and `agentjail info`
 // report it.

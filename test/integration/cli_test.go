@@ -126,7 +126,7 @@ func TestCLI(t *testing.T) {
 			t.Errorf("after cp in: %q", out)
 		}
 		c := newCanary(t, "/var/tmp")
-		d.mustSh(t, created.ID, "echo made inside > /workspace/tree/inside.txt; ln -s "+c.path+" /workspace/tree/link")
+		d.mustSh(t, created.ID, "echo made inside > /workspace/tree/inside.txt; ln -s "+c.Path+" /workspace/tree/link")
 		back := filepath.Join(local, "back")
 		if err := os.Mkdir(back, 0o755); err != nil {
 			t.Fatal(err)
@@ -145,7 +145,7 @@ func TestCLI(t *testing.T) {
 		if st, err := os.Stat(filepath.Join(back, "tree", "sub", "run.sh")); err != nil || st.Mode().Perm() != 0o755 {
 			t.Errorf("cp out kept no mode: %v %v", st, err)
 		}
-		c.check(t, "cp out of a tree with a symlink to the host")
+		c.Check(t, "cp out of a tree with a symlink to the host")
 	})
 	t.Run("stop start rm", func(t *testing.T) {
 		d.mustCLI(t, "stop", "--timeout", "1s", name)

@@ -15,30 +15,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/backend/conformance"
 )
 
-// canary is a host file holding a random secret; no jail may read, write
-// or delete it.
-type canary struct {
-	dir     string // host directory holding it
-	path    string // host path
-	content string
-}
-
-// newCanary places a canary file in a new directory under parent.
-func newCanary(t *testing.T, parent string) *canary {
-	t.Helper()
-	dir, err := os.MkdirTemp(parent, "agentjail-it-canary-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	c := &canary{dir: dir, path: filepath.Join(dir, "canary"), content: "canary-" + randHex(16)}
-	if err := os.WriteFile(c.path, []byte(c.content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
+// newCanary places a canary file (conformance.Canary) in a new directory
+// under parent.
+func newCanary(t *testing.T, parent string) *conformance.Canary { return conformance.NewCanary(t, parent) }
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -51,27 +34,6 @@ func randHex(n int) string {
 func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
-}
-
-// check fails the test if the canary was changed, removed, or its
-// directory gained an entry, or if leak contains its content.
-func (c *canary) check(t *testing.T, what string, leak ...string) {
-	t.Helper()
-	for _, l := range leak {
-		if strings.Contains(l, c.content) {
-			t.Errorf("%s: the host canary %s leaked into the jail's answer", what, c.path)
-		}
-	}
-	b, err := os.ReadFile(c.path)
-	if err != nil {
-		t.Fatalf("%s: the host canary %s is gone: %v", what, c.path, err)
-	}
-	if string(b) != c.content {
-		t.Fatalf("%s: the host canary %s was overwritten with %q", what, c.path, b)
-	}
-	if names := dirNames(c.dir); len(names) != 1 {
-		t.Fatalf("%s: the host directory %s gained entries: %v", what, c.dir, names)
-	}
 }
 
 // TestEscapeSyscalls runs the escape probe in a jail as the default user
@@ -95,8 +57,8 @@ func TestEscapeSyscalls(t *testing.T) {
 		disk.Rdev = root.Dev
 	}
 	hostFiles := []map[string]string{
-		{"path": varCanary.path, "sha256": sha256Hex([]byte(varCanary.content))},
-		{"path": rootCanary.path, "sha256": sha256Hex([]byte(rootCanary.content))},
+		{"path": varCanary.Path, "sha256": sha256Hex([]byte(varCanary.Content))},
+		{"path": rootCanary.Path, "sha256": sha256Hex([]byte(rootCanary.Content))},
 		{"path": filepath.Join(d.dir, "api-token"), "sha256": sha256Hex([]byte(d.token + "\n"))},
 		{"path": filepath.Join(d.dir, "jails", other.ID, "rootfs", "merged", "workspace", "secret.txt"), "sha256": sha256Hex([]byte(otherSecret))},
 		{"path": "/workspace/secret.txt", "sha256": sha256Hex([]byte(otherSecret))},
@@ -119,7 +81,7 @@ func TestEscapeSyscalls(t *testing.T) {
 		}
 		t.Run(label, func(t *testing.T) {
 			res := d.exec(t, j.ID, execReq{
-				Cmd: []string{"python3", "-", string(probeArgs)}, Stdin: escapeProbe, User: user, TimeoutMs: 120_000,
+				Cmd: []string{"python3", "-", string(probeArgs)}, Stdin: conformance.EscapeProbe, User: user, TimeoutMs: 120_000,
 			})
 			if res.ExitCode != 0 {
 				t.Fatalf("the probe failed: %s", &res)
@@ -142,8 +104,8 @@ func TestEscapeSyscalls(t *testing.T) {
 					t.Logf("%s (as %s): stopped: %s", r.Name, label, r.Detail)
 				}
 			}
-			for _, c := range []*canary{varCanary, rootCanary} {
-				c.check(t, "escape probe", res.Stdout, res.Stderr)
+			for _, c := range []*conformance.Canary{varCanary, rootCanary} {
+				c.Check(t, "escape probe", res.Stdout, res.Stderr)
 			}
 			if strings.Contains(res.Stdout+res.Stderr, otherSecret) {
 				t.Errorf("another jail's file leaked into the probe's output")
@@ -246,14 +208,14 @@ func TestEscapeHostSecrets(t *testing.T) {
 	hostShadow, _ := os.ReadFile("/etc/shadow")
 	for _, user := range []string{"", "root"} {
 		ls := d.shAs(t, j.ID, user, "ls -laR /root /home 2>&1")
-		if strings.Contains(ls.Stdout, filepath.Base(rootCanary.dir)) {
+		if strings.Contains(ls.Stdout, filepath.Base(rootCanary.Dir)) {
 			t.Errorf("as %q: the host's /root is visible in the jail:\n%s", user, ls.Stdout)
 		}
 		res := d.shAs(t, j.ID, user, fmt.Sprintf(
 			"cat %s 2>&1; cat /etc/shadow 2>&1; ls -la %s 2>&1; cat %s/api-token 2>&1; env; cat /proc/1/environ 2>&1 | tr '\\0' '\\n'; cat /proc/1/cmdline 2>&1",
-			rootCanary.path, d.dir, d.dir))
+			rootCanary.Path, d.dir, d.dir))
 		all := res.Stdout + res.Stderr
-		rootCanary.check(t, "reading host secrets as "+user, all)
+		rootCanary.Check(t, "reading host secrets as "+user, all)
 		if strings.Contains(all, d.token) {
 			t.Errorf("as %q: the API token is visible in the jail", user)
 		}
@@ -290,8 +252,8 @@ func TestEscapeFileAPI(t *testing.T) {
 	c := newCanary(t, "/var/tmp")
 	j := d.createJail(t, nil)
 	base := "/jails/" + j.ID + "/files"
-	rel := strings.TrimPrefix(c.path, "/")
-	relDir := strings.TrimPrefix(c.dir, "/")
+	rel := strings.TrimPrefix(c.Path, "/")
+	relDir := strings.TrimPrefix(c.Dir, "/")
 
 	t.Run("traversal", func(t *testing.T) {
 		var paths []string
@@ -321,7 +283,7 @@ func TestEscapeFileAPI(t *testing.T) {
 					// host file's content is not.
 					t.Logf("%s %s: %s", m, p, r)
 				}
-				c.check(t, m+" "+p, string(r.body))
+				c.Check(t, m+" "+p, string(r.body))
 			}
 		}
 	})
@@ -330,21 +292,21 @@ func TestEscapeFileAPI(t *testing.T) {
 		d.mustSh(t, j.ID, fmt.Sprintf(`set -e; cd /workspace
 ln -sfn %[1]s abs; ln -sfn ../../../../../../../%[2]s rel; ln -sfn %[3]s dirlink
 ln -sfn ../../../../../../%[4]s reldir; ln -sfn / rootlink; ln -sfn /proc/1/root p1root
-ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.path, rel, c.dir, relDir))
+ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.Path, rel, c.Dir, relDir))
 		gets := []string{"/workspace/abs", "/workspace/rel", "/workspace/dirlink/canary", "/workspace/reldir/canary",
 			"/workspace/rootlink/" + rel, "/workspace/p1root/" + rel, "/workspace/selfroot/" + rel,
 			"/workspace/p1cwd/../../../../../" + rel, "/workspace/dirlink", "/workspace/reldir"}
 		for _, p := range gets {
 			for _, q := range []string{"", "?stat=true", "?access=read", "?access=write"} {
 				r := d.api.do(t, "GET", base+p+q, nil)
-				c.check(t, "GET "+p+q, string(r.body))
+				c.Check(t, "GET "+p+q, string(r.body))
 				var listing struct {
 					Entries []fileInfo `json:"entries"`
 				}
 				if q == "" && r.status == http.StatusOK && json.Unmarshal(r.body, &listing) == nil {
 					for _, e := range listing.Entries {
 						if e.Name == "canary" {
-							t.Errorf("GET %s listed the host directory %s: %s", p, c.dir, r)
+							t.Errorf("GET %s listed the host directory %s: %s", p, c.Dir, r)
 						}
 					}
 				}
@@ -353,14 +315,14 @@ ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.path, rel, c.dir
 		for _, p := range []string{"/workspace/abs", "/workspace/rel", "/workspace/dirlink/canary", "/workspace/dirlink/new",
 			"/workspace/reldir/canary", "/workspace/reldir/new", "/workspace/p1root/" + rel, "/workspace/rootlink/" + rel} {
 			r := d.api.do(t, "PUT", base+p, "pwned")
-			c.check(t, "PUT "+p, string(r.body))
+			c.Check(t, "PUT "+p, string(r.body))
 			r = d.api.do(t, "PUT", base+p+"?type=dir", nil)
-			c.check(t, "PUT "+p+"?type=dir", string(r.body))
+			c.Check(t, "PUT "+p+"?type=dir", string(r.body))
 		}
 		for _, p := range []string{"/workspace/dirlink/canary", "/workspace/reldir/canary", "/workspace/p1root/" + rel,
 			"/workspace/dirlink?recursive=true", "/workspace/reldir?recursive=true"} {
 			r := d.api.do(t, "DELETE", base+p, nil)
-			c.check(t, "DELETE "+p, string(r.body))
+			c.Check(t, "DELETE "+p, string(r.body))
 		}
 	})
 
@@ -368,7 +330,7 @@ ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.path, rel, c.dir
 		done := make(chan execResult, 1)
 		go func() {
 			res, _ := d.api.send("POST", "/jails/"+j.ID+"/exec", execReq{
-				Cmd: []string{"python3", "-", c.path, c.dir, "4"}, Stdin: swapProbe, TimeoutMs: 60_000,
+				Cmd: []string{"python3", "-", c.Path, c.Dir, "4"}, Stdin: swapProbe, TimeoutMs: 60_000,
 			})
 			var er execResult
 			if res != nil {
@@ -409,7 +371,7 @@ ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.path, rel, c.dir
 					}
 					mu.Lock()
 					requests++
-					if err == nil && strings.Contains(string(r.body), c.content) {
+					if err == nil && strings.Contains(string(r.body), c.Content) {
 						leaks = append(leaks, fmt.Sprintf("request %d: %s", i, r))
 					}
 					mu.Unlock()
@@ -426,7 +388,7 @@ ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.path, rel, c.dir
 		if len(leaks) > 0 {
 			t.Errorf("the host canary leaked: %v", leaks)
 		}
-		c.check(t, "swapped symlinks")
+		c.Check(t, "swapped symlinks")
 	})
 
 	t.Run("hard links", func(t *testing.T) {
@@ -461,6 +423,6 @@ ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.path, rel, c.dir
 				t.Fatalf("the host file %s changed through a hard link in the jail", host)
 			}
 		}
-		c.check(t, "hard links")
+		c.Check(t, "hard links")
 	})
 }
