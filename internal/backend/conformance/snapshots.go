@@ -106,7 +106,7 @@ func (h *harness) snapshotProcesses(t *testing.T) {
 	if n := h.counting(t, r.ID, ws, 0); n < before {
 		t.Errorf("the restored counter starts at %d, below %d before the snapshot: it did not carry on", n, before)
 	}
-	bs, err := h.Client.Branch(callCtx(t), s.ID, 2, uniqueName(t))
+	bs, err := h.Client.Branch(callCtx(t), s.ID, client.BranchRequest{Count: 2, NamePrefix: uniqueName(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
