@@ -435,6 +435,14 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	o.mu.Lock()
 	o.agg.fill(r)
 	o.mu.Unlock()
+	// A full data dir loses events but not the jail: say so here.
+	if lost, err := o.rec.Health(); lost > 0 || err != nil {
+		r.Lost[lostDisk] = lost
+		if err != nil {
+			msg := fmt.Sprintf("event files: %v (%d events not written so far)", err, lost)
+			r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
+		}
+	}
 	if o.watching {
 		if n, err := m.tracer.Lost(o.cgroupID); err == nil && n > r.Lost[observe.LostKernel] {
 			r.Lost[observe.LostKernel] = n
@@ -453,6 +461,10 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	}
 	return r, nil
 }
+
+// lostDisk is the report's count of events the disk refused (a full data
+// dir).
+const lostDisk = "disk"
 
 // maxPaths and maxExited bound the aggregates of a long-running jail.
 const (

@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -52,6 +53,9 @@ type WriterOptions struct {
 type chunk struct {
 	stream int
 	buf    []byte
+	// lines is the number of event lines in buf; carried the count its
+	// lost line at the head reports.
+	lines, carried uint64
 }
 
 // Writer appends a jail's events to its JSONL files (events/syscalls.jsonl,
@@ -61,11 +65,25 @@ type chunk struct {
 // Writer drops the buffer instead of waiting, counts its lines, and writes a
 // "lost" line (source "writer") at the head of the stream's next buffer.
 //
+// A file only ever holds whole lines: a write the disk takes only part of
+// (the disk is full) is cut back to the last whole line and its lines are
+// counted lost, and reported in the file with the next write that
+// succeeds; opening a file that ends in a part of a line (the daemon died
+// while writing it) cuts that part off first.
+//
 // Write, Flush and Close must be called from one goroutine at a time (the
 // event source's); Dropped may be called from any.
 type Writer struct {
-	dir      string
-	files    [len(streamFiles)]*os.File
+	dir   string
+	files [len(streamFiles)]*os.File
+	// sizes are the files' lengths up to their last whole line (the disk
+	// goroutine's).
+	sizes [len(streamFiles)]int64
+	// diskLost counts, per file, the lines a failed write lost and no
+	// lost line reported yet; failing is set while the last write of a
+	// file failed.
+	diskLost [len(streamFiles)]atomic.Uint64
+	failing  [len(streamFiles)]atomic.Bool
 	cur      [len(streamFiles)][]byte
 	lines    [len(streamFiles)]uint64 // lines in cur
 	pending  [len(streamFiles)]uint64 // lines dropped, not yet reported in the file
@@ -77,6 +95,7 @@ type Writer struct {
 	done  chan struct{}
 
 	dropped atomic.Uint64
+	lost    atomic.Uint64 // lines lost to failed writes, in all
 	written atomic.Uint64
 	errMu   sync.Mutex
 	err     error
@@ -103,7 +122,13 @@ func OpenWriter(dir string, opts WriterOptions) (*Writer, error) {
 		done:     make(chan struct{}),
 	}
 	for i, name := range streamFiles {
-		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o640)
+		if err == nil {
+			w.sizes[i], err = wholeLines(f)
+			if err != nil {
+				f.Close()
+			}
+		}
 		if err != nil {
 			for _, g := range w.files[:i] {
 				g.Close()
@@ -114,6 +139,34 @@ func OpenWriter(dir string, opts WriterOptions) (*Writer, error) {
 	}
 	go w.drain()
 	return w, nil
+}
+
+// wholeLines cuts a regular file that does not end with a newline back
+// to its last one and returns its length.
+func wholeLines(f *os.File) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 {
+		return 0, err
+	}
+	end := fi.Size()
+	buf := make([]byte, 64<<10)
+	for off := end; off > 0; {
+		n := int64(len(buf))
+		if n > off {
+			n = off
+		}
+		off -= n
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			return 0, err
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			if keep := off + int64(i) + 1; keep != end {
+				return keep, f.Truncate(keep)
+			}
+			return end, nil
+		}
+	}
+	return 0, f.Truncate(0)
 }
 
 // Dir returns the directory holding the files.
@@ -160,7 +213,7 @@ func (w *Writer) newBuf(i int) []byte {
 	} else {
 		b = make([]byte, 0, w.chunkCap+w.chunkCap/4)
 	}
-	if n := w.pending[i]; n > 0 {
+	if n := w.pending[i] + w.diskLost[i].Swap(0); n > 0 {
 		w.pending[i] = 0
 		w.carried[i] = n
 		lost := Event{Type: TypeLost, TS: nowNano(), Source: LostWriter, Lost: n}
@@ -176,7 +229,7 @@ func (w *Writer) handOff(i int) {
 		return
 	}
 	select {
-	case w.queue <- chunk{stream: i, buf: b}:
+	case w.queue <- chunk{stream: i, buf: b, lines: w.lines[i], carried: w.carried[i]}:
 	default:
 		// The buffer's own lost line goes too: carry its count forward.
 		w.dropped.Add(w.lines[i])
@@ -211,21 +264,55 @@ func (w *Writer) Written() uint64 { return w.written.Load() }
 func (w *Writer) drain() {
 	defer close(w.done)
 	for c := range w.queue {
-		n, err := w.files[c.stream].Write(c.buf)
-		w.written.Add(uint64(n))
-		if err != nil {
-			w.setErr(fmt.Errorf("observe: write %s: %w", w.files[c.stream].Name(), err))
-		}
+		w.writeChunk(c)
 		w.recycle(c.buf)
 	}
 }
 
+// writeChunk appends c to its file, or, when the disk takes only part of
+// it, cuts the file back to its last whole line and counts c's lines lost.
+func (w *Writer) writeChunk(c chunk) {
+	f := w.files[c.stream]
+	n, err := f.Write(c.buf)
+	if err == nil {
+		w.sizes[c.stream] += int64(n)
+		w.written.Add(uint64(n))
+		w.failing[c.stream].Store(false)
+		return
+	}
+	if n > 0 {
+		if terr := f.Truncate(w.sizes[c.stream]); terr != nil {
+			err = errors.Join(err, fmt.Errorf("cutting back the part written: %w", terr))
+		}
+	}
+	// The chunk's own lost line goes too: carry its count forward.
+	w.diskLost[c.stream].Add(c.lines + c.carried)
+	w.lost.Add(c.lines)
+	w.failing[c.stream].Store(true)
+	w.setErr(fmt.Errorf("observe: write %s: %w", f.Name(), err))
+}
+
+// setErr records the latest write error.
 func (w *Writer) setErr(err error) {
 	w.errMu.Lock()
-	if w.err == nil {
-		w.err = err
-	}
+	w.err = err
 	w.errMu.Unlock()
+}
+
+// Health reports the lines lost so far because the disk refused them (a
+// full disk), and the error of the last failed write while the file it
+// concerns still fails (nil once every file takes writes again). Safe
+// from any goroutine.
+func (w *Writer) Health() (lost uint64, err error) {
+	for i := range w.failing {
+		if w.failing[i].Load() {
+			w.errMu.Lock()
+			err = w.err
+			w.errMu.Unlock()
+			break
+		}
+	}
+	return w.lost.Load(), err
 }
 
 // Close hands off the remaining buffers, waits until everything queued is
@@ -237,17 +324,24 @@ func (w *Writer) Close() error {
 	}
 	w.closed = true
 	for i := range w.cur {
-		if w.cur[i] == nil && w.pending[i] > 0 {
+		if w.cur[i] == nil && (w.pending[i] > 0 || w.diskLost[i].Load() > 0) {
 			w.cur[i] = w.newBuf(i) // report the last drops in the file
 		}
 		b := w.cur[i]
 		if len(b) > 0 {
-			w.queue <- chunk{stream: i, buf: b} // the drain goroutine is running: this cannot block forever
+			w.queue <- chunk{stream: i, buf: b, lines: w.lines[i], carried: w.carried[i]} // the drain goroutine is running: this cannot block forever
 		}
 		w.cur[i] = nil
 	}
 	close(w.queue)
 	<-w.done
+	// Report what the last writes lost, if the disk takes it now.
+	for i := range w.files {
+		if n := w.diskLost[i].Swap(0); n > 0 {
+			lost := Event{Type: TypeLost, TS: nowNano(), Source: LostWriter, Lost: n}
+			w.writeChunk(chunk{stream: i, buf: append(lost.AppendJSON(nil), '\n'), carried: n})
+		}
+	}
 	var errs []error
 	w.errMu.Lock()
 	if w.err != nil {

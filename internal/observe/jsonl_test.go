@@ -3,11 +3,16 @@ package observe
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 func TestWriterFilesPerType(t *testing.T) {
@@ -107,5 +112,130 @@ func TestWriterDropsInsteadOfBlocking(t *testing.T) {
 	}
 	if events+w.Dropped() != 20000 {
 		t.Errorf("written %d + dropped %d != 20000", events, w.Dropped())
+	}
+}
+
+// TestWriterCutsPartLineAtOpen: a file that ends in part of a line (the
+// daemon died while writing it) is cut back to its last whole line when
+// the writer opens it, and the next events follow whole.
+func TestWriterCutsPartLineAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, ProcessesFile)
+	if err := os.WriteFile(path, []byte(`{"type":"proc","pid":1}`+"\n"+`{"type":"proc","pi`), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenWriter(dir, WriterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(&Event{Type: TypeProc, Op: "exec", PID: 2})
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readLines(t, path)
+	if len(lines) != 2 || !strings.Contains(lines[0], `"pid":1`) || !strings.Contains(lines[1], `"pid":2`) {
+		t.Fatalf("after reopening: %q", lines)
+	}
+}
+
+// readLines returns the lines of a JSONL file, failing on any that is not
+// a whole JSON object.
+func readLines(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		t.Fatalf("%s ends in part of a line: %q", path, data[max(0, len(data)-80):])
+	}
+	var out []string
+	for _, l := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		if !json.Valid([]byte(l)) {
+			t.Fatalf("%s: not a whole line: %q", path, l)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// TestWriterDiskFull writes events to a small tmpfs that fills up: the
+// writes the disk refuses leave whole lines only, Health names the error
+// and counts the lost lines, and once there is room again the next write
+// succeeds, reports the loss in a lost line and Health clears.
+func TestWriterDiskFull(t *testing.T) {
+	testenv.RequireRoot(t)
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=256k"); err != nil {
+		t.Fatalf("tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	filler := filepath.Join(mnt, "filler")
+	if err := os.WriteFile(filler, make([]byte, 200<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenWriter(filepath.Join(mnt, "events"), WriterOptions{ChunkBytes: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Far more than the room left, one flush at a time so that every
+	// chunk reaches the disk (none is dropped for a full queue).
+	for i := range 4000 {
+		w.Write(&Event{Type: TypeSyscall, NR: 1, PID: int32(i), Comm: "filler-of-disks"})
+		if i%10 == 9 {
+			w.Flush()
+			waitDrained(t, w)
+		}
+	}
+	lost, err := w.Health()
+	if lost == 0 || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("after filling the disk: %d lost, %v; want lines lost and ENOSPC", lost, err)
+	}
+	readLines(t, filepath.Join(mnt, "events", SyscallsFile))
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(&Event{Type: TypeSyscall, NR: 2, PID: 99999})
+	if err := w.Close(); err == nil {
+		t.Error("Close does not report that writes failed")
+	}
+	lost, err = w.Health()
+	if err != nil {
+		t.Fatalf("with room again: %v", err)
+	}
+	// Every lost line is accounted for in the file, and the last event
+	// made it.
+	var reported uint64
+	lines := readLines(t, filepath.Join(mnt, "events", SyscallsFile))
+	for _, l := range lines {
+		var ev struct {
+			Type string `json:"type"`
+			Lost uint64 `json:"count"`
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type == "lost" {
+			reported += ev.Lost
+		}
+	}
+	if reported != lost || !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }) {
+		t.Fatalf("the file reports %d lost lines, the writer lost %d; the last event is there: %v", reported, lost, slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }))
+	}
+}
+
+// waitDrained waits until the writer's disk goroutine has taken every
+// queued chunk.
+func waitDrained(t *testing.T, w *Writer) {
+	t.Helper()
+	for i := 0; len(w.queue) > 0; i++ {
+		if i > 10000 {
+			t.Fatal("the disk goroutine does not drain its queue")
+		}
+		time.Sleep(100 * time.Microsecond)
 	}
 }

@@ -66,6 +66,15 @@ func (r *Recorder) record(ev *Event) {
 	}
 }
 
+// Health is the writer's Health: the events the disk refused so far and
+// the error while it still refuses them (0, nil without a writer).
+func (r *Recorder) Health() (uint64, error) {
+	if r.w == nil {
+		return 0, nil
+	}
+	return r.w.Health()
+}
+
 // Idle flushes the writer's partly filled buffers.
 func (r *Recorder) Idle() {
 	if r.w != nil {
