@@ -37,7 +37,8 @@ const shutdownGrace = 10 * time.Second
 const maxWarmJails = 64
 
 func newServeCmd(g *globals) *cobra.Command {
-	var poolSize, toolsDir, secretsFile string
+	var poolSize, toolsDir, secretsFile, mdnsIface string
+	var mdnsOn bool
 	var lv levelFlags
 	var warmJails int
 	var net netFlags
@@ -78,11 +79,13 @@ next start.`,
 				}
 				opts.Hosts = hosts
 			}
-			return serve(cmd.Context(), opts, g.listenAddr(), daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile})
+			return serve(cmd.Context(), opts, g.listenAddr(), daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile, mdns: mdnsOn, mdnsIface: mdnsIface})
 		},
 	}
 	cmd.Flags().StringVar(&lv.runtime, "runtime", "runc", "OCI runtime binary")
 	cmd.Flags().StringSliceVar(&insecureRegistries, "insecure-registry", nil, "a registry (host:port) that image pulls may reach over plain HTTP (repeatable); credentials for others come from ~/.docker/config.json")
+	cmd.Flags().BoolVar(&mdnsOn, "mdns", false, "answer mDNS for JAIL.sandbox.local and PORT-JAIL.sandbox.local with this host's address, for previews from the LAN (listen with --addr 0.0.0.0:PORT)")
+	cmd.Flags().StringVar(&mdnsIface, "mdns-iface", "", "the interface mDNS answers on and whose address it gives (default: every interface)")
 	cmd.Flags().StringVar(&toolsDir, "tools-dir", "", "where agent CLIs are installed, one read-only tree per version shared by all jails (default DATA_DIR/tools)")
 	cmd.Flags().StringVar(&secretsFile, "secrets-file", "", "KEY=VALUE file (mode 0600) of the model API keys the proxy adds for agents, e.g. ANTHROPIC_API_KEY (default DATA_DIR/secrets.env; the daemon's environment is read too)")
 	cmd.Flags().StringVar(&lv.criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
@@ -133,6 +136,8 @@ func readHostsFile(path string) (map[string][]netip.Addr, error) {
 // daemonOptions are serve's options beyond the jail manager's.
 type daemonOptions struct {
 	toolsDir, secretsFile string
+	mdns                  bool
+	mdnsIface             string
 }
 
 // daemon is the API's Service: the jail manager, whose creates and
@@ -200,6 +205,20 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	previews, err := preview.New(mgr, token, absData)
 	if err != nil {
 		return err
+	}
+	if do.mdns {
+		var o preview.MDNSOptions
+		if do.mdnsIface != "" {
+			if o.Iface, err = net.InterfaceByName(do.mdnsIface); err != nil {
+				return fmt.Errorf("--mdns-iface: %w", err)
+			}
+		}
+		responder, err := preview.StartMDNS(mgr, o)
+		if err != nil {
+			return err
+		}
+		defer responder.Close()
+		log.Info("answering mDNS", "names", "JAIL."+preview.MDNSDomain+", PORT-JAIL."+preview.MDNSDomain)
 	}
 	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents), api.WithImages(mgr), api.WithPreviews(previews),
 		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc))

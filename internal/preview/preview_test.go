@@ -1,0 +1,159 @@
+package preview
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/netns"
+	"github.com/agentjail/agentjail/internal/testenv"
+)
+
+func TestParseHost(t *testing.T) {
+	for host, want := range map[string]Target{
+		"8000-myapp.localhost:8082":      {8000, "myapp"},
+		"5173-fix-1.localhost":           {5173, "fix-1"},
+		"3000-web.sandbox.local:8082":    {3000, "web"},
+		"8000-MyApp.Localhost.":          {8000, "myapp"},
+		"127.0.0.1:8082":                 {},
+		"localhost:8082":                 {},
+		"myapp.localhost":                {},
+		"0-myapp.localhost":              {},
+		"70000-myapp.localhost":          {},
+		"8000-.localhost":                {},
+		"8000-a.b.localhost":             {},
+		"8000-myapp.localhost.evil.test": {},
+	} {
+		got, ok := ParseHost(host)
+		if ok != (want.Port != 0) || got != want {
+			t.Errorf("ParseHost(%q) = %v %v, want %v", host, got, ok, want)
+		}
+	}
+}
+
+func TestSignedLinks(t *testing.T) {
+	dir := t.TempDir()
+	h, err := New(fakeJails{"web": {ID: "abc123", Name: "web", Status: model.StateRunning, Pid: 1}}, "tok", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link, err := h.Link(context.Background(), "web", 8000, time.Minute, "127.0.0.1:8082")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if link.Port != 8000 || link.URL[:len("http://8000-web.localhost:8082/?agentjail_preview=")] != "http://8000-web.localhost:8082/?agentjail_preview=" {
+		t.Fatalf("link %+v", link)
+	}
+	exp := time.Now().Add(time.Minute).Unix()
+	sig := h.sign("abc123", 8000, exp)
+	if !h.verify("abc123", 8000, sig) || h.verify("abc123", 8001, sig) || h.verify("other", 8000, sig) {
+		t.Fatal("a signature is bound to its jail and port")
+	}
+	if h.verify("abc123", 8000, h.sign("abc123", 8000, time.Now().Add(-time.Second).Unix())) {
+		t.Fatal("an expired signature verified")
+	}
+	if _, err := h.Link(context.Background(), "web", 8000, 365*24*time.Hour, "x:1"); err == nil {
+		t.Fatal("a link for a year was made")
+	}
+	// The key survives a restart, so links do too.
+	h2, err := New(h.jails, "tok", dir)
+	if err != nil || !h2.verify("abc123", 8000, sig) {
+		t.Fatalf("a link signed before a restart does not verify after it (%v)", err)
+	}
+}
+
+// fakeJails is a Jails of fixed records.
+type fakeJails map[string]*model.Jail
+
+func (f fakeJails) Get(_ context.Context, ref string) (*model.Jail, error) {
+	if j, ok := f[ref]; ok {
+		return j, nil
+	}
+	return nil, errdefs.NotFoundf("no jail %q", ref)
+}
+
+// TestMDNS answers <jail>.sandbox.local and <port>-<jail>.sandbox.local
+// over real multicast, in a network namespace the test makes: known jails
+// get the announced address, others nothing.
+func TestMDNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Need(t, "root (a network namespace)")
+	}
+	testenv.RequireTool(t, "ip")
+	name := "ajmdns" + time.Now().Format("150405")
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	for _, args := range [][]string{{"link", "set", "lo", "multicast", "on"}, {"link", "set", "lo", "up"},
+		{"route", "add", "224.0.0.0/4", "dev", "lo"}} {
+		if out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", args, err, out)
+		}
+	}
+	path := filepath.Join("/run/netns", name)
+	jails := fakeJails{"web": {ID: "abc", Name: "web"}, "fix-1": {ID: "def", Name: "fix-1"}}
+	var srv interface{ Close() error }
+	if err := netns.Do(path, func() error {
+		lo, err := net.InterfaceByName("lo")
+		if err != nil {
+			return err
+		}
+		srv, err = StartMDNS(jails, MDNSOptions{Iface: lo, Addrs: []net.IP{net.ParseIP("192.0.2.7")}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ask := func(q string) []dns.RR {
+		t.Helper()
+		var answers []dns.RR
+		err := netns.Do(path, func() error {
+			c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			m := new(dns.Msg)
+			m.SetQuestion(q, dns.TypeA)
+			m.RecursionDesired = false
+			b, _ := m.Pack()
+			if _, err := c.WriteToUDP(b, &net.UDPAddr{IP: net.IPv4(224, 0, 0, 251), Port: 5353}); err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 1500)
+			n, _, err := c.ReadFromUDP(buf)
+			if err != nil {
+				return nil // no answer
+			}
+			var r dns.Msg
+			if err := r.Unpack(buf[:n]); err != nil {
+				return err
+			}
+			answers = r.Answer
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return answers
+	}
+	for _, q := range []string{"web.sandbox.local.", "8000-web.sandbox.local.", "fix-1.sandbox.local.", "5173-fix-1.sandbox.local."} {
+		rr := ask(q)
+		if len(rr) != 1 || rr[0].(*dns.A).A.String() != "192.0.2.7" {
+			t.Errorf("%s: %v, want A 192.0.2.7", q, rr)
+		}
+	}
+	if rr := ask("nope.sandbox.local."); len(rr) != 0 {
+		t.Errorf("an unknown jail was answered: %v", rr)
+	}
+}
