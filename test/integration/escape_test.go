@@ -21,7 +21,9 @@ import (
 
 // newCanary places a canary file (conformance.Canary) in a new directory
 // under parent.
-func newCanary(t *testing.T, parent string) *conformance.Canary { return conformance.NewCanary(t, parent) }
+func newCanary(t *testing.T, parent string) *conformance.Canary {
+	return conformance.NewCanary(t, parent)
+}
 
 func randHex(n int) string {
 	b := make([]byte, n)
