@@ -154,25 +154,9 @@ to the host repository as branch agentjail/JAIL.`,
 				return err
 			}
 			if f.prompt != "" {
-				stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
-				res, err := c.RunAgent(cmd.Context(), j.ID, client.AgentRunRequest{Prompt: f.prompt}, func(stream string, data []byte) error {
-					w := stdout
-					if stream == "stderr" {
-						w = stderr
-					}
-					_, err := w.Write(data)
-					return err
+				return printStream(cmd, func(fn func(string, []byte) error) (*client.ExecResult, error) {
+					return c.RunAgent(cmd.Context(), j.ID, client.AgentRunRequest{Prompt: f.prompt}, fn)
 				})
-				if err != nil {
-					if cmd.Context().Err() != nil {
-						return exitCode(exitInterrupted)
-					}
-					return err
-				}
-				if code := resultStatus(res); code != 0 {
-					return exitCode(code)
-				}
-				return nil
 			}
 			s, err := c.AgentSession(cmd.Context(), j.ID, client.AgentSessionRequest{})
 			if err != nil {

@@ -82,8 +82,16 @@ changes follow. ` + detachHelp,
 // streamExec runs req in the jail, writing its output live, and returns
 // the command's exit status as an exitCode (nil for 0).
 func streamExec(cmd *cobra.Command, c *client.Client, ref string, req client.ExecRequest) error {
+	return printStream(cmd, func(fn func(string, []byte) error) (*client.ExecResult, error) {
+		return c.ExecStream(cmd.Context(), ref, req, fn)
+	})
+}
+
+// printStream runs a streamed command (run passes fn each chunk), writes
+// its output here as it comes, and turns its exit into agentjail's.
+func printStream(cmd *cobra.Command, run func(fn func(stream string, data []byte) error) (*client.ExecResult, error)) error {
 	stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
-	res, err := c.ExecStream(cmd.Context(), ref, req, func(stream string, data []byte) error {
+	res, err := run(func(stream string, data []byte) error {
 		w := stdout
 		if stream == "stderr" {
 			w = stderr

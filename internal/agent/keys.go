@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // Keys holds the model API keys (and any other secret a credential
@@ -22,11 +21,10 @@ type Keys struct {
 	file    string
 	environ func(string) (string, bool)
 
-	mu      sync.Mutex
-	modTime time.Time
-	size    int64
-	values  map[string]string
-	err     error
+	mu     sync.Mutex
+	seen   string // the file's size, mode, owner and times when last read
+	values map[string]string
+	err    error
 }
 
 // NewKeys returns a key store reading env (os.LookupEnv when nil) and file
@@ -78,17 +76,21 @@ func (k *Keys) reload() {
 	}
 	st, err := os.Stat(k.file)
 	if errors.Is(err, fs.ErrNotExist) {
-		k.values, k.err, k.modTime, k.size = nil, nil, time.Time{}, 0
+		k.values, k.err, k.seen = nil, nil, ""
 		return
 	}
 	if err != nil {
 		k.values, k.err = nil, err
 		return
 	}
-	if st.ModTime().Equal(k.modTime) && st.Size() == k.size && (k.values != nil || k.err != nil) {
+	seen := fmt.Sprintf("%d %v %d", st.Size(), st.Mode(), st.ModTime().UnixNano())
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		seen += fmt.Sprintf(" %d %d %d.%d", sys.Ino, sys.Uid, sys.Ctim.Sec, sys.Ctim.Nsec)
+	}
+	if seen == k.seen {
 		return
 	}
-	k.modTime, k.size = st.ModTime(), st.Size()
+	k.seen = seen
 	k.values, k.err = nil, nil
 	if !st.Mode().IsRegular() {
 		k.err = fmt.Errorf("secrets file %s is not a regular file", k.file)

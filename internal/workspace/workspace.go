@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
@@ -206,8 +208,8 @@ func Fill(ctx context.Context, src *Source, jailName, upper, workspaceRoot strin
 		return fmt.Errorf("workspace: %w", err)
 	}
 	// The workspace the jail would otherwise get is an empty directory:
-	// rename replaces it in one step.
-	if err := os.Rename(staging, target); err != nil {
+	// rename(2) replaces it in one step (os.Rename refuses directories).
+	if err := unix.Rename(staging, target); err != nil {
 		return fmt.Errorf("workspace: moving the clone into place: %w", err)
 	}
 	return nil

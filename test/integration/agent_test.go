@@ -557,6 +557,22 @@ func TestAgentErrors(t *testing.T) {
 		}
 	})
 
+	t.Run("auto sync", func(t *testing.T) {
+		for _, mode := range []map[string]any{{"mode": "auto-commit", "interval_s": 1}, {"mode": "auto-idle", "idle_s": 1}} {
+			j := e.d.createJail(t, map[string]any{"workspace": map[string]any{"repo": e.repo, "sync": mode}})
+			e.d.mustSh(t, j.ID, "echo auto > /workspace/auto.txt")
+			if err := waitFor(30*time.Second, func() error {
+				out, err := exec.Command("git", "-C", e.repo, "show", "agentjail/"+j.Name+":auto.txt").Output()
+				if err != nil || strings.TrimSpace(string(out)) != "auto" {
+					return fmt.Errorf("%s: no auto.txt on agentjail/%s yet", mode["mode"], j.Name)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
 	t.Run("no agent", func(t *testing.T) {
 		j := e.d.createJail(t, nil)
 		r := e.d.api.do(t, "POST", "/jails/"+j.ID+"/agent/run", map[string]any{"prompt": "hi"})
