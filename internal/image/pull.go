@@ -101,6 +101,8 @@ func (s *Store) importImage(ctx context.Context, src importSource, progress Prog
 		}
 		src.layers[i].diffID = cfg.RootFS.DiffIDs[i]
 	}
+	s.holdLayers(src.layers, 1)
+	defer s.holdLayers(src.layers, -1)
 	sizes := make([]int64, len(src.layers))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(3)
@@ -149,6 +151,19 @@ func (s *Store) importImage(ctx context.Context, src importSource, progress Prog
 	}
 	progress(model.PullProgress{Status: "complete"})
 	return view, nil
+}
+
+// holdLayers counts (delta 1) or uncounts (-1) an import's need of its
+// layers.
+func (s *Store) holdLayers(layers []layerSource, delta int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range layers {
+		h := l.diffID.Hex
+		if s.importing[h] += delta; s.importing[h] <= 0 {
+			delete(s.importing, h)
+		}
+	}
 }
 
 // checkChain refuses an image one of whose layers would shadow a lower
@@ -458,12 +473,21 @@ func (s *Store) parsePullRef(ref string) (name.Reference, error) {
 // transport refuses plain HTTP to registries not named insecure.
 // Blobs and manifests by digest go through the registry cache.
 func (s *Store) transport() http.RoundTripper {
-	var t http.RoundTripper = &guardTransport{insecure: s.opts.Registries.Insecure, next: http.DefaultTransport}
+	var t http.RoundTripper = &guardTransport{insecure: s.opts.Registries.Insecure, next: registryTransport}
 	if s.cache != nil {
 		t = s.cache.Transport(t)
 	}
 	return t
 }
+
+// registryTransport reaches registries: a registry that does not begin
+// to answer within a minute fails the request (the pull's context bounds
+// the rest).
+var registryTransport = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.ResponseHeaderTimeout = time.Minute
+	return t
+}()
 
 type guardTransport struct {
 	insecure []string

@@ -463,3 +463,54 @@ func TestRemoveAndPrune(t *testing.T) {
 		t.Fatalf("usage after prune %+v", u)
 	}
 }
+
+// TestPruneDuringPullKeepsItsLayers prunes while a pull has one layer
+// unpacked and waits for the other: the pull's layer stays.
+func TestPruneDuringPullKeepsItsLayers(t *testing.T) {
+	reg := imagetest.NewRegistry(t)
+	s := newStore(t, reg)
+	first := imagetest.Layer(t, imagetest.Entry{Name: "first", Body: "1"})
+	second := imagetest.Layer(t, imagetest.Entry{Name: "second", Body: "2"})
+	ref := reg.Push(t, "test/pruned:1", imagetest.Image(t, v1.Config{}, first, second))
+	fd, _ := first.Digest()
+	sd, _ := second.Digest()
+	release := make(chan struct{})
+	reg.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+sd.String()) {
+			<-release
+		}
+		return false
+	})
+	firstDone := make(chan struct{})
+	var once sync.Once
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Pull(context.Background(), ref, PullOptions{Progress: func(p model.PullProgress) {
+			if p.Layer == fd.String() && p.Status == "done" {
+				once.Do(func() { close(firstDone) })
+			}
+		}})
+		errc <- err
+	}()
+	<-firstDone
+	res, err := s.Prune(true)
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Layers) != 0 {
+		t.Errorf("prune removed the layers of a pull in progress: %v", res.Layers)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	img, err := s.Get(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range img.Layers {
+		if _, err := os.Stat(s.LayerRoot(l.DiffID)); err != nil {
+			t.Errorf("layer %s of the pulled image: %v", l.DiffID, err)
+		}
+	}
+}

@@ -69,6 +69,9 @@ type Store struct {
 	idx index
 	// flights are layer unpacks in progress, by diff id hex.
 	flights map[string]*flight
+	// importing counts the imports in progress that need each layer (by
+	// diff id hex): prune keeps them until the image is recorded.
+	importing map[string]int
 	// pins count images in use by operations in flight (jail creates),
 	// which prune keeps.
 	pins map[string]int
@@ -98,7 +101,7 @@ func Open(opts Options) (*Store, error) {
 	if opts.MaxLayerBytes <= 0 {
 		opts.MaxLayerBytes = DefaultMaxLayerBytes
 	}
-	s := &Store{opts: opts, dir: opts.Dir, flights: map[string]*flight{}, pins: map[string]int{}}
+	s := &Store{opts: opts, dir: opts.Dir, flights: map[string]*flight{}, pins: map[string]int{}, importing: map[string]int{}}
 	for _, d := range []string{s.dir, s.layersDir(), s.tmpDir(), filepath.Join(s.dir, "configs")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("image store: %w", err)
@@ -499,7 +502,7 @@ func (s *Store) Prune(all bool) (model.ImagePrune, error) {
 	}
 	for _, e := range ents {
 		h := e.Name()
-		if keep[h] || s.flights[h] != nil {
+		if keep[h] || s.flights[h] != nil || s.importing[h] > 0 {
 			continue
 		}
 		size := s.layerSize(h)
