@@ -4,6 +4,7 @@
 #                (data dir /var/lib/agentjail, http://127.0.0.1:8082, host rootfs)
 #   make test    set up the host, build, check formatting and vet, run every test
 #   make bench   run the end-to-end benchmarks and print a table
+#   make soak    run the long reliability tests (10 000 create/exec/destroy cycles)
 #
 # Everything runs as root (the daemon makes mounts, loop devices, cgroups and
 # network namespaces). CI=true makes privileged tests fail instead of skip.
@@ -18,7 +19,7 @@ BENCHTIME  ?= 20x
 # The Go files to check: git's view (tracked and new, not ignored), else all.
 GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
-.PHONY: all setup build run test fmt-check vet lint bench clean
+.PHONY: all setup build run test fmt-check vet lint bench soak clean
 
 all: build
 
@@ -65,6 +66,15 @@ bench: setup build
 	@set -o pipefail; AGENTJAIL_BENCH=1 $(GO) test -count=1 -timeout 30m -run 'Bench' -v ./internal/observe/bpf/ \
 		| grep -v '^=== RUN'
 	$(GO) test -count=1 -run '^$$' -bench Pipeline ./internal/observe/bpf/
+
+## soak: the long reliability runs of test/integration: TestSoak with
+## SOAK_CYCLES create/exec/destroy cycles (make test runs 500), the leak
+## inventory and the daemon's RSS and descriptors checked flat. Other long
+## runs join SOAK_TESTS (a go test -run pattern).
+SOAK_CYCLES ?= 10000
+SOAK_TESTS  ?= ^TestSoak$$
+soak: setup build
+	AGENTJAIL_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -count=1 -p 1 -timeout 0 -run '$(SOAK_TESTS)' -v ./test/integration/
 
 clean:
 	rm -rf bin
