@@ -346,10 +346,24 @@ type streamEvent struct {
 	Type string `json:"type"`
 	Data string `json:"data"`
 	*ExecResult
-	Error *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
+	Error *streamError `json:"error"`
+}
+
+// streamError is the error line of an NDJSON stream that had begun.
+type streamError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// apiError converts an error line (nil: none was given) to an *APIError,
+// with fallback as its message when the line has none.
+func (e *streamError) apiError(fallback string) *APIError {
+	ae := &APIError{Status: http.StatusInternalServerError, Code: "internal", Message: fallback}
+	if e != nil {
+		ae.Code, ae.Message = e.Code, e.Message
+		ae.Status = statusOfCode(e.Code)
+	}
+	return ae
 }
 
 // maxStreamLine bounds one NDJSON line of the exec stream.
@@ -398,12 +412,7 @@ func readExecStream(resp *http.Response, fn func(stream string, data []byte) err
 			}
 			return ev.ExecResult, nil
 		case "error":
-			ae := &APIError{Status: http.StatusInternalServerError, Code: "internal", Message: "exec failed"}
-			if ev.Error != nil {
-				ae.Code, ae.Message = ev.Error.Code, ev.Error.Message
-				ae.Status = statusOfCode(ev.Error.Code)
-			}
-			return nil, ae
+			return nil, ev.Error.apiError("exec failed")
 		default:
 			return nil, fmt.Errorf("exec stream: unknown event type %q", ev.Type)
 		}

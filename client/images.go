@@ -105,10 +105,7 @@ type imageEvent struct {
 	Progress *PullProgress `json:"progress"`
 	Image    *Image        `json:"image"`
 	Images   []*Image      `json:"images"`
-	Error    *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
+	Error    *streamError  `json:"error"`
 }
 
 func readImageStream(resp *http.Response, progress func(PullProgress)) (*imageEvent, error) {
@@ -128,12 +125,7 @@ func readImageStream(resp *http.Response, progress func(PullProgress)) (*imageEv
 		case "image", "images":
 			return &ev, nil
 		case "error":
-			ae := &APIError{Status: http.StatusInternalServerError, Code: "internal", Message: "image operation failed"}
-			if ev.Error != nil {
-				ae.Code, ae.Message = ev.Error.Code, ev.Error.Message
-				ae.Status = statusOfCode(ev.Error.Code)
-			}
-			return nil, ae
+			return nil, ev.Error.apiError("image operation failed")
 		default:
 			return nil, fmt.Errorf("image stream: unknown event type %q", ev.Type)
 		}
