@@ -4,10 +4,12 @@ import (
 	"archive/tar"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -138,6 +140,38 @@ func TestImageJails(t *testing.T) {
 			}
 		}
 		t.Cleanup(func() { d.api.do(t, "DELETE", "/snapshots/"+snap.ID, nil) })
+	})
+
+	t.Run("full snapshot and branch", func(t *testing.T) {
+		j := d.createJail(t, map[string]any{"isolation": map[string]any{"filesystem": map[string]any{"rootfs": "image:" + e.ref}}})
+		d.mustSh(t, j.ID, `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /srv/app/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null &`)
+		count := func(id string, above int) int {
+			t.Helper()
+			var n int
+			if err := waitFor(10*time.Second, func() error {
+				out := d.shAs(t, id, "", "cat /srv/app/count")
+				v, err := strconv.Atoi(strings.TrimSpace(out.Stdout))
+				if err != nil || v <= above {
+					return fmt.Errorf("jail %s: counter %q", id, out.Stdout)
+				}
+				n = v
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := count(j.ID, 2)
+		snap := d.takeSnapshot(t, j.ID, "full")
+		bs := d.branch(t, snap.ID, 1)
+		// The branch's counter goes on from the snapshot's value, in a jail
+		// of the same image.
+		if first := count(bs[0].ID, before-1); first < before {
+			t.Errorf("branch counter %d below %d", first, before)
+		}
+		if out := d.mustSh(t, bs[0].ID, "echo $GREETING; id -u"); out != "hello from the image\n1234\n" {
+			t.Errorf("branch of an image jail: %q", out)
+		}
 	})
 
 	t.Run("cli run", func(t *testing.T) {

@@ -380,7 +380,7 @@ func OCIArchive(t testing.TB, dir, ref string, img v1.Image) string {
 }
 
 // busyboxApplets are the commands Busybox links into /bin.
-var busyboxApplets = []string{"sh", "cat", "id", "pwd", "env", "ls", "echo", "touch", "rm", "mkdir", "stat", "true", "false", "sleep", "wc", "head", "dd", "sync"}
+var busyboxApplets = []string{"sh", "cat", "id", "pwd", "env", "ls", "echo", "touch", "rm", "mkdir", "stat", "true", "false", "sleep", "wc", "head", "dd", "sync", "setsid"}
 
 // Busybox returns the entries of a small root filesystem: the host's
 // static busybox (path) as /bin/busybox with its applets, /etc/passwd
