@@ -138,8 +138,9 @@ func listImages(cmd *cobra.Command, g *globals) error {
 		return err
 	}
 	if usage != nil {
-		fmt.Fprintf(cmd.OutOrStdout(), "\n%d images, %d layers: %s unpacked, %s on disk; %d unused layers (%s) go with `agentjail image prune`\n",
-			usage.Images, usage.Layers, humanBytes(uint64(usage.LayerBytes)), humanBytes(uint64(usage.DiskBytes)), usage.UnusedLayers, humanBytes(uint64(usage.UnusedBytes)))
+		fmt.Fprintf(cmd.OutOrStdout(), "\n%d images, %d layers: %s unpacked, %s on disk; %d unused layers (%s) go with `agentjail image prune`; registry cache %s of %s\n",
+			usage.Images, usage.Layers, humanBytes(uint64(usage.LayerBytes)), humanBytes(uint64(usage.DiskBytes)), usage.UnusedLayers, humanBytes(uint64(usage.UnusedBytes)),
+			humanBytes(uint64(usage.CacheBytes)), humanBytes(uint64(usage.CacheMaxBytes)))
 	}
 	return nil
 }

@@ -117,8 +117,8 @@ func TestRegistryCacheIsBounded(t *testing.T) {
 		if _, err := s.Pull(context.Background(), ref, PullOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if used, max := s.Cache().Size(); used > max {
-			t.Fatalf("the cache holds %d bytes, over its bound of %d", used, max)
+		if u, err := s.DiskUsage(); err != nil || u.CacheBytes > u.CacheMaxBytes || u.CacheMaxBytes != 64<<10 || u.CacheBytes == 0 {
+			t.Fatalf("the cache holds %d bytes of its bound of %d (%v)", u.CacheBytes, u.CacheMaxBytes, err)
 		}
 	}
 	cached := func(d string) bool {

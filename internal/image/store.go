@@ -560,6 +560,9 @@ func (s *Store) DiskUsage() (model.ImageUsage, error) {
 			u.UnusedBytes += size
 		}
 	}
+	if s.cache != nil {
+		u.CacheBytes, u.CacheMaxBytes = s.cache.Size()
+	}
 	u.DiskBytes, err = diskBytes(s.dir)
 	return u, err
 }

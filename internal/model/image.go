@@ -97,6 +97,10 @@ type ImageUsage struct {
 	// them); UnusedBytes their size.
 	UnusedLayers int   `json:"unused_layers"`
 	UnusedBytes  int64 `json:"unused_bytes"`
+	// CacheBytes is what the pull-through registry cache holds, of at
+	// most CacheMaxBytes.
+	CacheBytes    int64 `json:"cache_bytes"`
+	CacheMaxBytes int64 `json:"cache_max_bytes"`
 }
 
 // CommitRequest is the body of POST /jails/{id}/commit.
