@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	ajclient "github.com/agentjail/agentjail/client"
 	"github.com/agentjail/agentjail/internal/agent"
 	"github.com/agentjail/agentjail/internal/testenv"
 	"github.com/agentjail/agentjail/test/fakemodel"
@@ -239,6 +241,7 @@ func TestAgents(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) { e.headless(t, c) })
 	}
 	t.Run("claude-terminal", func(t *testing.T) { e.interactive(t, agentCases[0], "bypass permissions on") })
+	t.Run("on-profile", e.onProfile)
 	t.Run("codex-terminal", func(t *testing.T) { e.interactive(t, agentCases[1], "Ask Codex") })
 }
 
@@ -603,4 +606,37 @@ func TestAgentErrors(t *testing.T) {
 			t.Fatalf("install of an unknown agent: %s", r)
 		}
 	})
+}
+
+// onProfile runs Claude Code (a glibc binary) and Gemini CLI (on the Node
+// its tool tree brings) in jails whose root is the minimal Debian profile
+// image instead of the host's tree.
+func (e *agentEnv) onProfile(t *testing.T) {
+	testenv.RequireTool(t, "mmdebstrap")
+	c := ajclient.New(e.d.addr, e.d.token)
+	for _, ac := range []agentCase{agentCases[0], agentCases[2]} {
+		e.fake.Reset()
+		req := ajclient.CreateRequest{Name: "prof-" + ac.name + "-" + randHex(3)}
+		req.Isolation.Filesystem.Rootfs = "profile:minimal"
+		req.Agent = &ajclient.Agent{Name: ac.name, Endpoint: e.fakeURL, Model: "fake-model"}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		j, err := c.Create(ctx, req)
+		if err != nil {
+			cancel()
+			t.Fatalf("%s on profile:minimal: %v", ac.name, err)
+		}
+		t.Cleanup(func() { e.d.destroy(t, j.ID) })
+		var out bytes.Buffer
+		res, err := c.RunAgent(ctx, j.ID, ajclient.AgentRunRequest{Prompt: "Write the file and list the workspace"}, func(_ string, b []byte) error {
+			out.Write(b)
+			return nil
+		})
+		cancel()
+		if err != nil || res.ExitCode != 0 || !strings.Contains(out.String(), "FAKE-DONE") {
+			t.Fatalf("%s on profile:minimal: %v %+v\n%s\nmodel requests:\n%s", ac.name, err, res, tail(out.String(), 3000), e.fake.LogJSON())
+		}
+		if got := e.d.mustSh(t, j.ID, "cat /workspace/agent-hello.txt"); got != agentFileContent {
+			t.Fatalf("%s on profile:minimal: workspace file %q", ac.name, got)
+		}
+	}
 }
