@@ -261,6 +261,10 @@ func (e *agentEnv) headless(t *testing.T, c agentCase) {
 	if got := e.d.mustSh(t, id, "cat /workspace/agent-hello.txt"); got != agentFileContent {
 		t.Fatalf("workspace file: %q", got)
 	}
+	// The shared tool tree is read-only in the jail, to its root too.
+	if res := e.d.shAs(t, id, "root", "touch "+agent.ToolRoot+"/"+c.name+"/bin/x"); res.ExitCode == 0 || !strings.Contains(res.Stderr, "Read-only file system") {
+		t.Fatalf("writing into the tool tree as the jail's root: %s", &res)
+	}
 
 	// The model server got the daemon's key, never the jail's dummy.
 	reqs := e.fake.ModelRequests()
