@@ -543,6 +543,18 @@ func (s *Service) autoSync(ctx context.Context, j *model.Jail, why string) {
 	s.log.Info("synced", "jail", j.Name, "why", why, "branch", res.Branch, "commit", res.Commit)
 }
 
+// gone reports (and forgets) a jail destroyed behind the service's back.
+func (s *Service) gone(ctx context.Context, j *model.Jail) bool {
+	if _, err := s.jails.Get(ctx, j.ID); errors.Is(err, errdefs.ErrNotFound) {
+		s.mu.Lock()
+		delete(s.autos, j.ID)
+		s.mu.Unlock()
+		s.sync.Forget(j.ID)
+		return true
+	}
+	return false
+}
+
 // commitLoop: auto-commit, every interval.
 func (s *Service) commitLoop(ctx context.Context, j *model.Jail) {
 	t := time.NewTicker(time.Duration(j.Config.Workspace.Sync.IntervalS) * time.Second)
@@ -552,6 +564,9 @@ func (s *Service) commitLoop(ctx context.Context, j *model.Jail) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			if s.gone(ctx, j) {
+				return
+			}
 			s.autoSync(ctx, j, "interval")
 		}
 	}
@@ -597,6 +612,9 @@ func (s *Service) idleLoop(ctx context.Context, j *model.Jail) {
 		case <-writes:
 			timer.Reset(idle)
 		case <-timer.C:
+			if s.gone(ctx, j) {
+				return
+			}
 			s.autoSync(ctx, j, "idle")
 		}
 	}
