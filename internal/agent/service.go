@@ -546,9 +546,7 @@ func (s *Service) autoSync(ctx context.Context, j *model.Jail, why string) {
 // gone reports (and forgets) a jail destroyed behind the service's back.
 func (s *Service) gone(ctx context.Context, j *model.Jail) bool {
 	if _, err := s.jails.Get(ctx, j.ID); errors.Is(err, errdefs.ErrNotFound) {
-		s.mu.Lock()
-		delete(s.autos, j.ID)
-		s.mu.Unlock()
+		s.stopAuto(j.ID)
 		s.sync.Forget(j.ID)
 		return true
 	}
