@@ -46,6 +46,8 @@ type agentEnv struct {
 	keys    map[string]string // secret name → value
 	env     []string          // for runBin
 	repo    string
+	// tmpl is a home template directory the agents get.
+	tmpl string
 }
 
 func newAgentEnv(t *testing.T) *agentEnv {
@@ -89,6 +91,9 @@ func newAgentEnv(t *testing.T) *agentEnv {
 	t.Cleanup(func() { srv.Close() })
 	e.fakeURL = "http://" + ln.Addr().String()
 	e.repo = newHostRepo(t)
+	e.tmpl = t.TempDir()
+	os.MkdirAll(filepath.Join(e.tmpl, ".config", "team"), 0o755)
+	os.WriteFile(filepath.Join(e.tmpl, ".config", "team", "mcp.json"), []byte(`{"servers":{}}`), 0o644)
 	return e
 }
 
@@ -250,7 +255,7 @@ func (e *agentEnv) headless(t *testing.T, c agentCase) {
 	e.fake.Reset()
 	before := hostState(t, e.repo)
 	out, stderr, code := runBinTimeout(t, 5*time.Minute, e.env, "", "agent", "start", name, "--agent", c.name, "--project", e.repo,
-		"--endpoint", e.fakeURL, "--model", "fake-model", "--prompt", "Write the file and list the workspace")
+		"--endpoint", e.fakeURL, "--model", "fake-model", "--home-template", e.tmpl, "--prompt", "Write the file and list the workspace")
 	id := e.d.getJail(t, name).ID
 	t.Cleanup(func() { e.d.destroy(t, id) })
 	if code != 0 || !strings.Contains(out, "FAKE-DONE") || !strings.Contains(out, "agent-hello.txt") {
@@ -260,6 +265,10 @@ func (e *agentEnv) headless(t *testing.T, c agentCase) {
 	// The file the tool call wrote is in the workspace.
 	if got := e.d.mustSh(t, id, "cat /workspace/agent-hello.txt"); got != agentFileContent {
 		t.Fatalf("workspace file: %q", got)
+	}
+	// The user's home template is in the agent's home, the user's own.
+	if got := e.d.mustSh(t, id, "cat ~/.config/team/mcp.json; stat -c %U ~/.config/team/mcp.json"); got != "{\"servers\":{}}agent\n" {
+		t.Fatalf("home template file: %q", got)
 	}
 	// The shared tool tree is read-only in the jail, to its root too.
 	if res := e.d.shAs(t, id, "root", "touch "+agent.ToolRoot+"/"+c.name+"/bin/x"); res.ExitCode == 0 || !strings.Contains(res.Stderr, "Read-only file system") {
