@@ -277,7 +277,8 @@ func (ts *termSession) sendJSON(ctx context.Context, m TerminalMessage) error {
 // forwardOutput sends the terminal's output as binary messages; when the
 // command exits it sends the exit message and closes with 4000+code.
 func (ts *termSession) forwardOutput(ctx context.Context) {
-	buf := make([]byte, 32<<10)
+	// As large as init's frames, so one frame is one message.
+	buf := make([]byte, 256<<10)
 	for {
 		n, err := ts.term.Read(buf)
 		if n > 0 {

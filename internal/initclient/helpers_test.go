@@ -50,6 +50,12 @@ const (
 // group extra 5555). blocked are the jail's blocked paths.
 func newEnv(t testing.TB, blocked ...string) *testEnv {
 	t.Helper()
+	return newEnvRecording(t, true, blocked...)
+}
+
+// newEnvRecording is newEnv with terminal recording on or off.
+func newEnvRecording(t testing.TB, record bool, blocked ...string) *testEnv {
+	t.Helper()
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	// Let unprivileged test users reach the workspace.
@@ -74,6 +80,10 @@ func newEnv(t testing.TB, blocked ...string) *testEnv {
 	if err := os.Chmod(e.ws, 0o777); err != nil {
 		t.Fatal(err)
 	}
+	recordDir := ""
+	if record {
+		recordDir = filepath.Join(dir, "recordings")
+	}
 	srv, err := initd.NewServer(initd.Options{
 		Config: initproto.InitConfig{
 			JailID:       "test",
@@ -84,7 +94,7 @@ func newEnv(t testing.TB, blocked ...string) *testEnv {
 			BlockedPaths: blocked,
 		},
 		Root:      e.root,
-		RecordDir: filepath.Join(dir, "recordings"),
+		RecordDir: recordDir,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,43 +1,175 @@
 package initclient_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
-// BenchmarkTerminalOutput measures terminal output through init (pty,
-// recording, attachment) to one client.
-func BenchmarkTerminalOutput(b *testing.B) {
-	e := newEnv(b)
-	const size = 100_000_000
-	b.SetBytes(size)
-	for i := 0; i < b.N; i++ {
-		term, err := e.c.StartTerminal(context.Background(), initproto.ExecRequest{
-			Argv: []string{"sh", "-c", "head -c 100000000 /dev/zero | tr '\\0' x"}, PTY: &initproto.PTYOptions{},
-		})
+// termOutputBytes is what the throughput benchmarks' command writes.
+const termOutputBytes = 100_000_000
+
+var termOutputCmd = []string{"sh", "-c", "head -c 100000000 /dev/zero | tr '\\0' x"}
+
+// barePTY runs the benchmark's command on a terminal of its own and reads
+// the terminal's output into nothing: the floor any terminal session
+// stands on. It returns the time the command's output took.
+func barePTY(tb testing.TB) time.Duration {
+	tb.Helper()
+	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	master := os.NewFile(uintptr(m), "ptmx")
+	defer master.Close()
+	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
+		tb.Fatal(err)
+	}
+	sfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(m), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
+	if errno != 0 {
+		tb.Fatal(errno)
+	}
+	slave := os.NewFile(sfd, "pts")
+	cmd := exec.Command(termOutputCmd[0], termOutputCmd[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	slave.Close()
+	buf := make([]byte, 32<<10)
+	n := 0
+	for {
+		k, err := master.Read(buf)
+		n += k
 		if err != nil {
-			b.Fatal(err)
+			break // EIO once the command and its children closed the terminal
 		}
-		n, chunks := 0, 0
-		for {
-			p, err := term.Next()
-			if errors.Is(err, io.EOF) {
-				break
+	}
+	elapsed := time.Since(start)
+	if err := cmd.Wait(); err != nil {
+		tb.Fatal(err)
+	}
+	if n != termOutputBytes {
+		tb.Fatalf("bare terminal: read %d bytes", n)
+	}
+	return elapsed
+}
+
+// BenchmarkTerminalOutput measures terminal output through init (the
+// terminal, the recording, the attachment) to one client, beside the bare
+// terminal reader (barePTY) run in the same iteration: x-bare is the
+// session's throughput over the bare reader's (target ≥ 0.8 with the
+// recording on). slow-viewer adds a second attachment that reads nothing
+// while the output runs: the session and its recording must not wait
+// for it (it skips ahead and is told so).
+func BenchmarkTerminalOutput(b *testing.B) {
+	for _, tc := range []struct {
+		name       string
+		record     bool
+		slowViewer bool
+	}{
+		{"bare-pty", false, false},
+		{"session", false, false},
+		{"recorded", true, false},
+		{"recorded-slow-viewer", true, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(termOutputBytes)
+			if tc.name == "bare-pty" {
+				testenv.RequireRoot(b)
+				for range b.N {
+					barePTY(b)
+				}
+				return
 			}
-			if err != nil {
-				b.Fatal(err)
+			e := newEnvRecording(b, tc.record)
+			var ratios []float64
+			chunks, received := 0, 0
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				bare := barePTY(b)
+				b.StartTimer()
+				start := time.Now()
+				term, err := e.c.StartTerminal(context.Background(), initproto.ExecRequest{Argv: termOutputCmd, PTY: &initproto.PTYOptions{}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var slow *initclient.Terminal
+				if tc.slowViewer {
+					if slow, err = e.c.AttachTerminal(context.Background(), initproto.AttachRequest{Session: term.Session().ID}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				n, c := drainTerminal(b, term)
+				elapsed := time.Since(start)
+				term.Close()
+				chunks += c
+				received += n
+				if n != termOutputBytes {
+					b.Fatalf("the client received %d of %d bytes", n, termOutputBytes)
+				}
+				ratios = append(ratios, bare.Seconds()/elapsed.Seconds())
+				if slow != nil {
+					b.StopTimer()
+					got := readTerminal(b, slow)
+					slow.Close()
+					if !bytes.Contains(got, []byte("this viewer skipped")) || len(got) >= termOutputBytes {
+						b.Fatalf("the slow viewer got %d bytes and no notice that it skipped output", len(got))
+					}
+					b.StartTimer()
+				}
 			}
-			n += len(p)
-			chunks++
+			b.StopTimer()
+			slices.Sort(ratios)
+			b.ReportMetric(ratios[len(ratios)/2], "x-bare")
+			b.ReportMetric(float64(received)/float64(chunks), "bytes/frame")
+		})
+	}
+}
+
+// drainTerminal reads a terminal's output until it ends; it returns the
+// bytes and frames read.
+func drainTerminal(tb testing.TB, term *initclient.Terminal) (int, int) {
+	n, frames := 0, 0
+	for {
+		p, err := term.Next()
+		if errors.Is(err, io.EOF) {
+			return n, frames
 		}
-		term.Close()
-		if n != size {
-			b.Fatalf("received %d bytes", n)
+		if err != nil {
+			tb.Fatal(err)
 		}
-		b.ReportMetric(float64(n)/float64(chunks), "bytes/chunk")
+		n += len(p)
+		frames++
+	}
+}
+
+func readTerminal(tb testing.TB, term *initclient.Terminal) []byte {
+	var out []byte
+	for {
+		p, err := term.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, p...)
 	}
 }

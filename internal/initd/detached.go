@@ -14,6 +14,13 @@ import (
 // depend on any connection. Its output goes to the connections attached at
 // the moment; input arrives on an attachment or by MsgInput.
 
+// lagGrace is how long a detached command's output waits for an
+// attachment whose queue is full before that attachment starts losing
+// output: long enough that a reading client on a loaded host never loses
+// any, short enough that a client that stopped reading holds the others up
+// only once, briefly.
+const lagGrace = 5 * time.Second
+
 // bgProc is a running detached command.
 type bgProc struct {
 	srv *Server

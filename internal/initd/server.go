@@ -294,6 +294,15 @@ func (c *conn) send(t initproto.MsgType, payload []byte) error {
 	return initproto.WriteFrame(c.c, t, payload)
 }
 
+// sendFrame writes a frame already encoded (header and payload); safe
+// for concurrent use.
+func (c *conn) sendFrame(frame []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.c.Write(frame)
+	return err
+}
+
 // sendJSON writes one JSON frame; safe for concurrent use.
 func (c *conn) sendJSON(t initproto.MsgType, v any) error {
 	c.wmu.Lock()

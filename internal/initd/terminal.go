@@ -2,6 +2,7 @@ package initd
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -26,13 +28,20 @@ const (
 	scrollbackSize = 256 << 10
 	// ptyChunk is the size of terminal output reads.
 	ptyChunk = 32 << 10
-	// attachQueue bounds the output chunks waiting for one attachment.
-	attachQueue = 128
-	// lagGrace is how long output waits for an attachment whose queue is
-	// full before the attachment starts losing output: long enough that a
-	// reading client on a loaded host never loses any, short enough that
-	// a client that stopped reading holds the others up only once, briefly.
-	lagGrace = 5 * time.Second
+	// attachQueue bounds the output chunks waiting for one attachment,
+	// attachQueueBytes their bytes. The session never waits for an
+	// attachment: one whose queue is full skips the output until its
+	// queue is half empty again, and is told how much it missed. A client
+	// reading at the speed of a unix socket never comes near the bound;
+	// a slow viewer does, and never slows the command or its recording.
+	attachQueue      = 1024
+	attachQueueBytes = 8 << 20
+	// frameCoalesce bounds the output sent to a client in one frame: the
+	// writer joins the chunks queued for it, so a fast producer costs one
+	// write per frame instead of one per terminal read.
+	frameCoalesce = 256 << 10
+	// recordQueue bounds the output chunks waiting for the recorder.
+	recordQueue = 256
 	// recordFlush is how often a recording is flushed to its file, so
 	// that a crash loses at most this much of it.
 	recordFlush = time.Second
@@ -57,6 +66,11 @@ type ptySession struct {
 	rec     *asciicast.Writer // nil when not (or no longer) recording
 	recFile *os.File
 	recPath string // the .part file
+	// recQ feeds the recorder goroutine the session's output, so that
+	// encoding and writing the recording run beside the reads of the
+	// terminal instead of between them. Nil when not recording.
+	recQ    chan recChunk
+	recDone chan struct{}
 
 	mu        sync.Mutex
 	info      initproto.SessionInfo
@@ -68,13 +82,20 @@ type ptySession struct {
 	fanout []*attacher // the pump's scratch list
 }
 
+// recChunk is output on its way to the recording.
+type recChunk struct {
+	at time.Time
+	d  []byte
+}
+
 // attacher is one connection attached to a session.
 type attacher struct {
 	c        *conn
 	readOnly bool
 	// q carries output to the connection's writer; the session closes it
-	// when it ends (after the last output).
+	// when it ends (after the last output). queued counts its bytes.
 	q        chan []byte
+	queued   atomic.Int64
 	gone     chan struct{} // closed when the client detached
 	goneOnce sync.Once
 
@@ -285,12 +306,34 @@ func (ss *ptySession) openRecording(argv []string, opts *initproto.PTYOptions, s
 		return fmt.Errorf("create recording: %w", err)
 	}
 	ss.rec, ss.recFile, ss.recPath = w, f, path
+	ss.recQ, ss.recDone = make(chan recChunk, recordQueue), make(chan struct{})
 	ss.info.Recording = true
+	go ss.recordLoop()
 	return nil
+}
+
+// recordLoop writes the output handed to it to the recording until recQ
+// is closed.
+func (ss *ptySession) recordLoop() {
+	defer close(ss.recDone)
+	defer recoverPanic(ss.srv.log, "terminal recorder")
+	for c := range ss.recQ {
+		ss.record(func(w *asciicast.Writer) error { return w.Event(c.at, asciicast.Output, c.d) })
+	}
+}
+
+// stopRecorder lets the recorder write what it was handed and stop.
+func (ss *ptySession) stopRecorder() {
+	if ss.recQ != nil {
+		close(ss.recQ)
+		<-ss.recDone
+		ss.recQ = nil
+	}
 }
 
 // discardRecording removes the recording of a session that never ran.
 func (ss *ptySession) discardRecording() {
+	ss.stopRecorder()
 	ss.recMu.Lock()
 	defer ss.recMu.Unlock()
 	if ss.recFile != nil {
@@ -371,11 +414,13 @@ func (ss *ptySession) pump(done chan<- struct{}) {
 	}
 }
 
-// output records a chunk of output, keeps it in the scrollback and
-// offers it to every attachment.
+// output hands a chunk of output to the recorder, keeps it in the
+// scrollback and offers it to every attachment.
 func (ss *ptySession) output(p []byte) {
 	d := append([]byte(nil), p...)
-	ss.record(func(w *asciicast.Writer) error { return w.Event(time.Now(), asciicast.Output, d) })
+	if ss.recQ != nil {
+		ss.recQ <- recChunk{at: time.Now(), d: d}
+	}
 	ss.mu.Lock()
 	ss.scroll.write(d)
 	list := ss.fanout[:0]
@@ -390,38 +435,38 @@ func (ss *ptySession) output(p []byte) {
 	ss.fanout = list[:0]
 }
 
-// offer queues output for an attachment. A full queue gets lagGrace to
-// drain; after that the attachment loses output until its queue is half
-// empty again, when it gets a notice of what it lost.
+// offer queues output for an attachment without ever waiting for it. An
+// attachment whose queue is full skips output until its queue is half
+// empty again; then it gets a notice of how much it skipped, and the
+// output from there on.
 func (a *attacher) offer(d []byte) {
 	if a.lagging {
-		if len(a.q) > cap(a.q)/2 {
+		if len(a.q) > cap(a.q)/2 || a.queued.Load() > attachQueueBytes/2 {
 			a.dropped += int64(len(d))
 			return
 		}
-		notice := fmt.Appendf(nil, "\r\n[agentjail: %d bytes of output were dropped because this client did not keep up]\r\n", a.dropped)
-		a.lagging, a.dropped = false, 0
-		select {
-		case a.q <- notice:
-		default:
-		}
+		a.push(a.notice())
 	}
-	select {
-	case a.q <- d:
-		return
-	case <-a.gone:
-		return
-	default:
-	}
-	t := time.NewTimer(lagGrace)
-	defer t.Stop()
-	select {
-	case a.q <- d:
-	case <-a.gone:
-	case <-t.C:
+	if len(a.q) >= attachQueue || a.queued.Load()+int64(len(d)) > attachQueueBytes {
 		a.lagging = true
 		a.dropped += int64(len(d))
+		return
 	}
+	a.push(d)
+}
+
+// notice tells the attachment what it skipped and ends its lagging.
+func (a *attacher) notice() []byte {
+	n := fmt.Appendf(nil, "\r\n[agentjail: this viewer skipped %d bytes of output it did not keep up with]\r\n", a.dropped)
+	a.lagging, a.dropped = false, 0
+	return n
+}
+
+// push queues d; the caller checked that the queue has room (only the
+// pump adds to it, and keeps one place free for the last notice).
+func (a *attacher) push(d []byte) {
+	a.queued.Add(int64(len(d)))
+	a.q <- d
 }
 
 // run waits for the command's exit and ends the session: the remaining
@@ -449,6 +494,7 @@ func (ss *ptySession) run(pumpDone <-chan struct{}, timeoutMs int64) {
 	<-pumpDone
 	ss.master.Close() // a blocked input write fails with it
 	close(stopFlush)
+	ss.stopRecorder()
 	ss.finishRecording()
 
 	s.mu.Lock()
@@ -458,6 +504,11 @@ func (ss *ptySession) run(pumpDone <-chan struct{}, timeoutMs int64) {
 	ss.mu.Lock()
 	ss.ended, ss.exit = true, status
 	for a := range ss.attachers {
+		// The pump is done: a viewer still skipping learns what it
+		// missed before the exit.
+		if a.lagging {
+			a.push(a.notice())
+		}
 		close(a.q)
 	}
 	ss.mu.Unlock()
@@ -483,7 +534,7 @@ func (s *Server) attach(c *conn, req initproto.AttachRequest) error {
 // scrollback (when asked), streams the output and applies the client's
 // input until the client detaches or the session ends.
 func (ss *ptySession) serve(c *conn, readOnly, scrollback bool) error {
-	a := &attacher{c: c, readOnly: readOnly, q: make(chan []byte, attachQueue), gone: make(chan struct{})}
+	a := &attacher{c: c, readOnly: readOnly, q: make(chan []byte, attachQueue+1), gone: make(chan struct{})}
 	ss.mu.Lock()
 	if ss.ended {
 		ss.mu.Unlock()
@@ -497,7 +548,7 @@ func (ss *ptySession) serve(c *conn, readOnly, scrollback bool) error {
 	}
 	for len(backlog) > 0 {
 		n := min(len(backlog), ptyChunk)
-		a.q <- backlog[:n]
+		a.push(backlog[:n])
 		backlog = backlog[n:]
 	}
 	ss.attachers[a] = struct{}{}
@@ -521,24 +572,47 @@ func (ss *ptySession) serve(c *conn, readOnly, scrollback bool) error {
 	return nil
 }
 
-// writeLoop sends an attachment's queued output; when the session ends
-// it sends the exit status and closes the connection.
+// writeLoop sends an attachment's queued output, the chunks waiting at
+// the time joined into frames of up to frameCoalesce bytes; when the
+// session ends it sends the exit status and closes the connection.
 func (ss *ptySession) writeLoop(a *attacher, done chan<- struct{}) {
 	defer recoverPanic(ss.srv.log, "terminal writer")
 	defer close(done)
+	frame := make([]byte, 0, initproto.HeaderSize+frameCoalesce+ptyChunk)
 	for {
 		select {
 		case d, ok := <-a.q:
-			if !ok {
+			ended := !ok
+			if ok {
+				frame = append(frame[:0], byte(initproto.MsgStdout), 0, 0, 0, 0)
+				frame = append(frame, d...)
+			join:
+				for len(frame) < initproto.HeaderSize+frameCoalesce {
+					select {
+					case more, ok := <-a.q:
+						if !ok {
+							ended = true
+							break join
+						}
+						frame = append(frame, more...)
+					default:
+						break join
+					}
+				}
+				n := len(frame) - initproto.HeaderSize
+				binary.BigEndian.PutUint32(frame[1:initproto.HeaderSize], uint32(n))
+				a.queued.Add(-int64(n))
+				if err := a.c.sendFrame(frame); err != nil {
+					a.detach()
+					a.c.c.Close()
+					return
+				}
+			}
+			if ended {
 				ss.mu.Lock()
 				status := ss.exit
 				ss.mu.Unlock()
 				_ = a.c.sendJSON(initproto.MsgExit, status)
-				a.c.c.Close()
-				return
-			}
-			if err := a.c.send(initproto.MsgStdout, d); err != nil {
-				a.detach()
 				a.c.c.Close()
 				return
 			}
