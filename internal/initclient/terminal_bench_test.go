@@ -5,15 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
-	"os/exec"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/agentjail/agentjail/internal/barepty"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/testenv"
@@ -24,50 +20,15 @@ const termOutputBytes = 100_000_000
 
 var termOutputCmd = []string{"sh", "-c", "head -c 100000000 /dev/zero | tr '\\0' x"}
 
-// barePTY runs the benchmark's command on a terminal of its own and reads
-// the terminal's output into nothing: the floor any terminal session
-// stands on. It returns the time the command's output took.
+// barePTY runs the benchmark's command on a terminal of its own, read by
+// nothing but a loop (package barepty): the floor any session stands on.
 func barePTY(tb testing.TB) time.Duration {
 	tb.Helper()
-	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		tb.Fatal(err)
+	n, d, err := barepty.Run(termOutputCmd)
+	if err != nil || n != termOutputBytes {
+		tb.Fatalf("bare terminal: %d bytes, %v", n, err)
 	}
-	master := os.NewFile(uintptr(m), "ptmx")
-	defer master.Close()
-	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
-		tb.Fatal(err)
-	}
-	sfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(m), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
-	if errno != 0 {
-		tb.Fatal(errno)
-	}
-	slave := os.NewFile(sfd, "pts")
-	cmd := exec.Command(termOutputCmd[0], termOutputCmd[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	slave.Close()
-	buf := make([]byte, 32<<10)
-	n := 0
-	for {
-		k, err := master.Read(buf)
-		n += k
-		if err != nil {
-			break // EIO once the command and its children closed the terminal
-		}
-	}
-	elapsed := time.Since(start)
-	if err := cmd.Wait(); err != nil {
-		tb.Fatal(err)
-	}
-	if n != termOutputBytes {
-		tb.Fatalf("bare terminal: read %d bytes", n)
-	}
-	return elapsed
+	return d
 }
 
 // BenchmarkTerminalOutput measures terminal output through init (the
