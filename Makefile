@@ -19,7 +19,7 @@ BENCHTIME  ?= 20x
 # The Go files to check: git's view (tracked and new, not ignored), else all.
 GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
-.PHONY: all setup build run test fmt-check vet lint bench soak clean
+.PHONY: all setup build run test fmt-check vet lint bench soak web-vendor clean
 
 all: build
 
@@ -75,6 +75,12 @@ SOAK_CYCLES ?= 10000
 SOAK_TESTS  ?= ^TestSoak$$
 soak: setup build
 	AGENTJAIL_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -count=1 -p 1 -timeout 0 -run '$(SOAK_TESTS)' -v ./test/integration/
+
+## web-vendor: copy the console's browser libraries (xterm.js, asciinema-player)
+## from the npm packages pinned in web/package-lock.json into web/static/vendor
+## (committed: a build needs no npm)
+web-vendor:
+	scripts/web-vendor.sh
 
 clean:
 	rm -rf bin

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 )
 
@@ -77,7 +78,7 @@ func outputDir() string {
 func (b *browser) screenshot(what string) string {
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		b.t.Logf("screenshot: %v", err)
 		return ""
@@ -128,10 +129,24 @@ func (b *browser) run(what string, timeout time.Duration, actions ...chromedp.Ac
 // waitJS waits until the JavaScript expression is true.
 func (b *browser) waitJS(what, expr string, timeout time.Duration) {
 	b.t.Helper()
-	ctx, cancel := context.WithTimeout(b.ctx, timeout)
-	defer cancel()
-	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
-		b.t.Fatalf("%s: %v", what, err)
+	// Evaluated again and again rather than with chromedp.Poll, which
+	// fails when the page navigates meanwhile (a login, a link).
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("!!("+expr+")"))
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		if err != nil {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%s: not within %s (last error: %v)", what, timeout, last)
+		}
+		time.Sleep(50 * time.Millisecond) // the polling interval
 	}
 }
 
@@ -171,6 +186,19 @@ func (b *browser) click(what, sel string) {
 	b.run(what, 20*time.Second, chromedp.WaitVisible(chromedp.CSS(sel)), chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
 }
 
+// typeLine types text into the web terminal as a person would (the text
+// as keyboard input, then the Enter key).
+func (b *browser) typeLine(text string) {
+	b.t.Helper()
+	b.run("typing "+text, 10*time.Second,
+		chromedp.Focus(chromedp.CSS(".xterm-helper-textarea")),
+		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			_, err := chromedp.Call(ctx, input.InsertText, input.InsertTextParams{Text: text})
+			return err
+		}),
+		chromedp.KeyEvent("\r"))
+}
+
 // terminalText is the text on the web terminal's screen and scrollback.
 const terminalText = `(() => { const t = document.getElementById('terminal')?.terminal; if (!t) return '';
   const b = t.buffer.active; let s = ''; for (let i = 0; i < b.length; i++) s += b.getLine(i).translateToString(true) + '\n'; return s; })()`
@@ -202,7 +230,7 @@ func TestConsoleBrowser(t *testing.T) {
 		b := &browser{t: t, ctx: b.ctx}
 		b.click("the terminal tab", "#tab-terminal")
 		b.waitJS("a terminal session", `!!document.getElementById('terminal')?.dataset.session`, 30*time.Second)
-		b.run("typing", 10*time.Second, chromedp.SendKeys(chromedp.CSS(".xterm-helper-textarea"), "echo console-$((6*7))\r"))
+		b.typeLine("echo console-$((6*7))")
 		b.waitJS("the command's output on the screen", terminalText+`.includes("console-42")`, 20*time.Second)
 		b.docShot("terminal")
 	})
@@ -261,7 +289,7 @@ func TestConsoleBrowser(t *testing.T) {
 		// End the terminal session so its recording is complete.
 		b.click("the terminal tab", "#tab-terminal")
 		b.waitJS("the terminal", `!!document.getElementById('terminal')?.dataset.session`, 30*time.Second)
-		b.run("typing exit", 10*time.Second, chromedp.SendKeys(chromedp.CSS(".xterm-helper-textarea"), "exit\r"))
+		b.typeLine("exit")
 		b.waitJS("the session's end", `document.getElementById('term-status').textContent.startsWith('exited')`, 20*time.Second)
 		b.click("the recordings tab", "#tab-recordings")
 		b.click("the recording", `#recording-rows a`)
@@ -297,8 +325,18 @@ func TestConsoleBrowser(t *testing.T) {
 		b.click("diff", "#diff-nodes")
 		b.waitJS("the diff of the two nodes", `!!document.querySelector('#node-diff h2')`, 30*time.Second)
 		b.docShot("snapshots")
+		// Some work in the jail, for the sparklines to show.
+		busy := make(chan struct{})
+		go func() {
+			defer close(busy)
+			_, _ = d.api.send("POST", "/jails/"+j.ID+"/exec", map[string]any{
+				"cmd": []string{"sh", "-c", "for i in $(seq 1 12); do head -c 3000000 /dev/urandom | md5sum >/dev/null; sleep 0.3; done"}, "timeout_ms": 30000})
+		}()
+		defer func() { <-busy }()
 		b.run("the jails page", 20*time.Second, chromedp.Navigate(base+"/#/"))
-		b.waitJS("the jails with their usage", `document.querySelectorAll('#jail-rows tr').length >= 2 && !!document.querySelector('#jail-rows .spark polyline')`, 30*time.Second)
+		// The sparklines grow with the stats stream, a sample a second.
+		b.waitJS("the jails with their usage", `document.querySelectorAll('#jail-rows tr').length >= 2 &&
+			(document.querySelector('#jail-rows .spark polyline')?.getAttribute('points') || '').split(' ').length >= 5`, 30*time.Second)
 		b.docShot("jails")
 	})
 }

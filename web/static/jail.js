@@ -3,7 +3,7 @@
 // with text diffs, the network log, the report, terminals, recordings and
 // snapshots.
 import {api, stream} from './api.js';
-import {h, clear, bytes, age, clock, debounce, toast} from './util.js';
+import {h, fill, clear, bytes, age, clock, debounce, toast} from './util.js';
 import {jailActions, rootfsOf, netOf, agentOf} from './jails.js';
 import {Feed, renderRow, searchText, summary, types} from './events.js';
 import {VList} from './vlist.js';
@@ -25,16 +25,16 @@ export function mount(el, id, tab) {
   const facts = h('dl', {class: 'kv', id: 'jail-facts'});
   const bar = h('div', {class: 'tabs', role: 'tablist'});
   const pane = h('div', {class: 'pane', id: 'tab-pane'});
-  clear(el).append(head, facts, bar, pane);
+  fill(el, head, facts, bar, pane);
 
   function drawHead() {
-    clear(head).append(
+    fill(head, 
       h('h1', {}, h('a', {href: '#/'}, 'Jails'), ' / ', jail.name),
       h('span', {class: 'status ' + jail.status, id: 'jail-status'}, jail.status),
       h('span', {class: 'spacer'}),
       jailActions(jail, refresh));
     const st = jail.stats;
-    clear(facts).append(
+    fill(facts, 
       h('dt', {}, 'id'), h('dd', {class: 'mono'}, jail.id),
       h('dt', {}, 'image / rootfs'), h('dd', {class: 'mono'}, rootfsOf(jail)),
       h('dt', {}, 'network'), h('dd', {}, netOf(jail)),
@@ -50,7 +50,7 @@ export function mount(el, id, tab) {
       jail = await api('GET', `/jails/${encodeURIComponent(id)}`);
       drawHead();
     } catch (e) {
-      clear(el).append(h('p', {class: 'error'}, e.message));
+      fill(el, h('p', {class: 'error'}, e.message));
     }
   }
 
@@ -76,7 +76,7 @@ export function mount(el, id, tab) {
     await refresh();
     if (!jail) return;
     feed = new Feed(jail.id, historySize);
-    clear(bar).append(...tabs.map(t => h('button', {role: 'tab', 'data-tab': t, id: 'tab-' + t, onclick: () => select(t)}, t[0].toUpperCase() + t.slice(1))));
+    fill(bar, ...tabs.map(t => h('button', {role: 'tab', 'data-tab': t, id: 'tab-' + t, onclick: () => select(t)}, t[0].toUpperCase() + t.slice(1))));
     select(tab);
   })();
 
@@ -135,7 +135,7 @@ export function mount(el, id, tab) {
       fresh.clear();
       const running = [...procs.values()].filter(n => !n.exited).length;
       info.textContent = `${procs.size} processes, ${running} running`;
-      clear(box).append(h('ul', {}, roots.sort((a, b) => a.pid - b.pid).map(li)));
+      fill(box, h('ul', {}, roots.sort((a, b) => a.pid - b.pid).map(li)));
     }
     let off = () => {};
     (async () => {
@@ -203,7 +203,7 @@ export function mount(el, id, tab) {
       try {
         const d = await api('GET', `/jails/${jail.id}/fs/diff`);
         info.textContent = `${d.added} added, ${d.modified} modified, ${d.deleted} deleted`;
-        clear(tbody).append(...d.changes.map(c => h('tr', {'data-path': c.path, class: c.path === selected ? 'selected' : '', onclick: () => open(c.path)},
+        fill(tbody, ...d.changes.map(c => h('tr', {'data-path': c.path, class: c.path === selected ? 'selected' : '', onclick: () => open(c.path)},
           h('td', {class: 'kind ' + c.kind}, c.kind), h('td', {class: 'mono wrap'}, c.path + (c.type === 'dir' ? '/' : '')), h('td', {}, c.type === 'file' ? bytes(c.size) : c.type))));
         if (selected) open(selected);
       } catch (e) { info.textContent = e.message; }
@@ -214,8 +214,8 @@ export function mount(el, id, tab) {
       try {
         if (!text) text = await api('GET', `/jails/${jail.id}/fs/diff?text=true`);
         const c = text.changes.find(x => x.path === path);
-        clear(view).append(h('h2', {class: 'mono'}, path), c ? renderDiff(c) : h('p', {class: 'muted'}, 'no longer changed'));
-      } catch (e) { clear(view).append(h('p', {class: 'error'}, e.message)); }
+        fill(view, h('h2', {class: 'mono'}, path), c ? renderDiff(c) : h('p', {class: 'muted'}, 'no longer changed'));
+      } catch (e) { fill(view, h('p', {class: 'error'}, e.message)); }
     }
     load();
     // Live: a file event reloads the list (at most every 2 s).
@@ -262,7 +262,7 @@ export function mount(el, id, tab) {
       try {
         const r = await api('GET', `/jails/${jail.id}/report`);
         const table = (head, rows) => h('table', {}, h('thead', {}, h('tr', {}, head.map(x => h('th', {}, x)))), h('tbody', {}, rows.map(r => h('tr', {}, r.map(c => h('td', {class: 'wrap'}, c))))));
-        clear(box).append(
+        fill(box, 
           h('p', {class: 'muted'}, `generated ${new Date(r.generated_at).toLocaleString()} · tracing ${r.tracing} · ` +
             Object.entries(r.events || {}).map(([k, v]) => `${v} ${k}`).join(', ')),
           h('div', {class: 'grid2'},
@@ -271,7 +271,7 @@ export function mount(el, id, tab) {
           h('h2', {}, 'Files'), table(['path', 'read', 'written', 'opens'], (r.files || []).slice(0, 25).map(f => [f.path, bytes(f.bytes_read), bytes(f.bytes_written), f.opens])),
           r.fs_diff ? h('p', {}, `Filesystem: ${r.fs_diff.added} added, ${r.fs_diff.modified} modified, ${r.fs_diff.deleted} deleted`) : null,
           h('p', {class: 'muted'}, `${r.processes?.total ?? 0} processes recorded`));
-      } catch (e) { clear(box).append(h('p', {class: 'error'}, e.message)); }
+      } catch (e) { fill(box, h('p', {class: 'error'}, e.message)); }
     }
     load();
   }
@@ -283,7 +283,7 @@ export function mount(el, id, tab) {
       h('table', {}, h('thead', {}, h('tr', {}, ['name', 'mode', 'taken', 'disk', ''].map(x => h('th', {}, x)))), tbody));
     async function load() {
       const list = (await api('GET', `/jails/${jail.id}/snapshots`)).snapshots;
-      clear(tbody).append(...list.map(s => h('tr', {'data-snapshot': s.id},
+      fill(tbody, ...list.map(s => h('tr', {'data-snapshot': s.id},
         h('td', {}, s.name), h('td', {}, s.mode), h('td', {}, age(s.created_at) + ' ago'), h('td', {}, bytes(s.disk_used_bytes)),
         h('td', {}, h('button', {onclick: async () => {
           try { const b = await api('POST', `/snapshots/${s.id}/branch`, {count: 1}); toast('branched: ' + b.jails[0].name); } catch (e) { toast(e.message, 'error'); }

@@ -3,7 +3,7 @@
 // stats stream (GET /stats); create, stop, start, destroy, snapshot and
 // branch from the page.
 import {api, stream} from './api.js';
-import {h, clear, bytes, age, sparkline, toast} from './util.js';
+import {h, fill, clear, bytes, age, sparkline, toast} from './util.js';
 import {ask, confirmAction} from './dialog.js';
 
 const keep = 60; // samples per sparkline
@@ -17,7 +17,8 @@ export function rootfsOf(j) {
 export function agentOf(j) {
   const a = j.config?.agent;
   if (!a) return '—';
-  return typeof a === 'string' ? a : (a.name || a.kind || a.cli || JSON.stringify(a));
+  if (typeof a === 'string') return a;
+  return [a.name, a.version, a.model ? '(' + a.model + ')' : ''].filter(Boolean).join(' ') || '—';
 }
 
 export function netOf(j) { return j.config?.isolation?.network?.mode || 'isolated'; }
@@ -94,7 +95,7 @@ export function mount(el) {
   const tbody = h('tbody', {id: 'jail-rows'});
   const empty = h('p', {class: 'muted', id: 'no-jails', hidden: true}, 'No jails yet. Create one.');
   const count = h('span', {class: 'muted'});
-  clear(el).append(
+  fill(el, 
     h('div', {class: 'row'}, h('h1', {}, 'Jails'), count, h('span', {class: 'spacer'}),
       h('button', {class: 'primary', id: 'create-jail', onclick: async () => {
         const j = await createJail();
@@ -134,10 +135,10 @@ export function mount(el) {
         h('td', {}, h('span', {class: 'status ' + j.status}, j.status), j.error ? h('div', {class: 'error wrap'}, j.error) : null),
         h('td', {class: 'mono'}, rootfsOf(j)),
         h('td', {title: j.created_at}, age(j.created_at)),
-        h('td', {}, st ? metric(s.cpu, 100, cpu.toFixed(1) + ' %', 'CPU') : '—'),
-        h('td', {}, st ? metric(s.mem, st.memory_limit_bytes, bytes(st.memory_bytes), 'memory') : '—'),
-        h('td', {}, st ? metric(s.disk, st.disk_limit_bytes, bytes(st.disk_used_bytes), 'disk') : '—'),
-        h('td', {}, st ? metric(s.pids, 0, String(st.pids), 'pids') : '—'),
+        h('td', {}, st ? metric(s.cpu, 5, cpu.toFixed(1) + ' %', 'CPU') : '—'),
+        h('td', {title: st ? 'limit ' + bytes(st.memory_limit_bytes) : ''}, st ? metric(s.mem, 0, bytes(st.memory_bytes), 'memory') : '—'),
+        h('td', {title: st ? 'limit ' + bytes(st.disk_limit_bytes) : ''}, st ? metric(s.disk, 0, bytes(st.disk_used_bytes), 'disk') : '—'),
+        h('td', {title: st ? 'limit ' + st.pids_limit : ''}, st ? metric(s.pids, 0, String(st.pids), 'pids') : '—'),
         h('td', {}, netOf(j)),
         h('td', {}, agentOf(j)),
       ];
@@ -151,7 +152,7 @@ export function mount(el) {
       let actions = tr.lastChild;
       if (tr.dataset.status !== j.status || !actions) actions = h('td', {}, jailActions(j));
       tr.dataset.status = j.status;
-      clear(tr).append(...cells, actions);
+      fill(tr, ...cells, actions);
       tbody.appendChild(tr); // keeps the stream's order (oldest first)
     }
     for (const [id, tr] of rows) {

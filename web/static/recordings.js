@@ -1,7 +1,7 @@
 // Recordings: the list of a jail's (or every jail's) terminal recordings,
 // and one played with asciinema-player, with speed and seek.
 import {api} from './api.js';
-import {h, clear, bytes, age} from './util.js';
+import {h, fill, clear, bytes, age} from './util.js';
 
 function table(list) {
   return h('table', {id: 'recording-rows'},
@@ -23,7 +23,7 @@ export function recordingList(el, jailID) {
 
 // mountAll lists the recordings of every jail.
 export function mountAll(el) {
-  clear(el).append(h('h1', {}, 'Recordings'));
+  fill(el, h('h1', {}, 'Recordings'));
   (async () => {
     const {jails} = await api('GET', '/jails');
     const all = [];
@@ -42,7 +42,7 @@ export function mountPlayer(el, rid) {
   const speed = h('select', {id: 'player-speed'}, ['0.5', '1', '2', '4', '8'].map(s => h('option', {value: s, selected: s === '1'}, s + '×')));
   const seek = h('input', {type: 'range', id: 'player-seek', min: 0, max: 1000, value: 0, style: 'width: 320px'});
   const pos = h('span', {class: 'muted mono', id: 'player-time'}, '0.0 s');
-  clear(el).append(
+  fill(el, 
     h('h1', {}, h('a', {href: '#/recordings'}, 'Recordings'), ' / ', h('span', {class: 'mono'}, rid)),
     h('div', {class: 'toolbar'},
       h('button', {id: 'player-play', onclick: () => player && player.play()}, 'Play'),

@@ -1,7 +1,7 @@
 // The family tree: jails, the snapshots taken of them, the jails branched
 // or restored from those, and so on; any two nodes can be diffed.
 import {api, stream} from './api.js';
-import {h, clear, age, toast} from './util.js';
+import {h, fill, clear, age, toast} from './util.js';
 import {renderDiff} from './diff.js';
 import {snapshotJail} from './jails.js';
 
@@ -11,7 +11,7 @@ export function mount(el) {
   const diffBtn = h('button', {class: 'primary', id: 'diff-nodes', disabled: true, onclick: () => diff()}, 'Diff the two selected');
   const pickInfo = h('span', {class: 'muted', id: 'picked'}, 'select two nodes to diff them');
   const diffBox = h('div', {id: 'node-diff'});
-  clear(el).append(h('h1', {}, 'Snapshots'), h('div', {class: 'toolbar'}, diffBtn, pickInfo), treeBox, diffBox);
+  fill(el, h('h1', {}, 'Snapshots'), h('div', {class: 'toolbar'}, diffBtn, pickInfo), treeBox, diffBox);
   let jails = [], snaps = [], lastJailKey = '';
 
   async function loadSnaps() {
@@ -35,7 +35,7 @@ export function mount(el) {
     }
     const byTime = (a, b) => (a.created || '').localeCompare(b.created || '');
     const li = (n) => h('li', {}, nodeEl(n), n.children.length ? h('ul', {}, n.children.sort(byTime).map(li)) : null);
-    clear(treeBox).append(roots.length ? h('ul', {}, roots.sort(byTime).map(li)) : h('p', {class: 'muted'}, 'No jails or snapshots.'));
+    fill(treeBox, roots.length ? h('ul', {}, roots.sort(byTime).map(li)) : h('p', {class: 'muted'}, 'No jails or snapshots.'));
   }
 
   function nodeEl(n) {
@@ -69,15 +69,15 @@ export function mount(el) {
 
   async function diff() {
     const [a, b] = picked.map(k => k.split(':')[1]);
-    clear(diffBox).append(h('p', {class: 'muted'}, 'comparing…'));
+    fill(diffBox, h('p', {class: 'muted'}, 'comparing…'));
     try {
       const d = await api('GET', `/diff?from=${encodeURIComponent(a)}&to=${encodeURIComponent(b)}&text=true`);
       const view = h('div', {});
-      const rows = d.changes.map(c => h('tr', {'data-path': c.path, onclick: () => { clear(view).append(h('h2', {class: 'mono'}, c.path), renderDiff(c)); }},
+      const rows = d.changes.map(c => h('tr', {'data-path': c.path, onclick: () => { fill(view, h('h2', {class: 'mono'}, c.path), renderDiff(c)); }},
         h('td', {class: 'kind ' + c.kind}, c.kind), h('td', {class: 'mono wrap'}, c.path)));
-      clear(diffBox).append(h('h2', {}, `${d.added} added, ${d.modified} modified, ${d.deleted} deleted`),
+      fill(diffBox, h('h2', {}, `${d.added} added, ${d.modified} modified, ${d.deleted} deleted`),
         h('div', {class: 'split'}, h('div', {}, h('table', {class: 'list-click', id: 'node-diff-rows'}, h('tbody', {}, rows))), view));
-    } catch (e) { clear(diffBox).append(h('p', {class: 'error'}, e.message)); }
+    } catch (e) { fill(diffBox, h('p', {class: 'error'}, e.message)); }
   }
 
   const es = stream('/stats?interval_ms=2000', {stats: (s) => {

@@ -5,7 +5,7 @@
 import {Terminal} from './vendor/xterm.mjs';
 import {FitAddon} from './vendor/addon-fit.mjs';
 import {api, wsURL} from './api.js';
-import {h, clear, age, toast} from './util.js';
+import {h, fill, clear, age, toast} from './util.js';
 
 const key = (jail) => 'agentjail.terminal.' + jail;
 
@@ -14,7 +14,7 @@ export function mount(el, jail) {
   const status = h('span', {class: 'term-status', id: 'term-status'}, 'not attached');
   const sessions = h('select', {id: 'term-sessions'});
   const wrap = h('div', {class: 'term-wrap', id: 'terminal'});
-  clear(el).append(
+  fill(el, 
     h('div', {class: 'toolbar'},
       h('button', {class: 'primary', id: 'term-new', onclick: () => attach(null)}, 'New session'),
       sessions,
@@ -43,7 +43,7 @@ export function mount(el, jail) {
   async function listSessions() {
     let list = [];
     try { list = (await api('GET', `/jails/${jail.id}/terminals`)).terminals; } catch (_) { /* jail not running */ }
-    clear(sessions).append(h('option', {value: ''}, list.length ? 'running sessions…' : 'no running sessions'),
+    fill(sessions, h('option', {value: ''}, list.length ? 'running sessions…' : 'no running sessions'),
       ...list.map(s => h('option', {value: s.id}, `${s.id} · ${(s.cmd && s.cmd.length ? s.cmd.join(' ') : 'shell')} · ${s.attached} attached · ${age(s.started_at)}`)));
     return list;
   }

@@ -24,6 +24,14 @@ function append(el, children) {
   }
 }
 
+// fill replaces an element's children (arrays are flattened; null,
+// undefined and false are left out) and returns it.
+export function fill(el, ...children) {
+  clear(el);
+  append(el, children);
+  return el;
+}
+
 // clear empties an element and returns it.
 export function clear(el) {
   while (el.firstChild) el.removeChild(el.firstChild);
@@ -52,14 +60,18 @@ export function clock(ms) {
   return d.toLocaleTimeString(undefined, {hour12: false}) + '.' + String(d.getMilliseconds()).padStart(3, '0');
 }
 
-// sparkline draws values (latest last) as an SVG polyline scaled to max.
-export function sparkline(values, max, label) {
+// sparkline draws values (latest last) as an SVG polyline: from 0 to top
+// when top is given, else from the series' own lowest to highest value
+// (a steady series is a line across the middle).
+export function sparkline(values, top, label) {
   const w = 80, hgt = 20;
   const svg = h('svg', {class: 'spark', width: w, height: hgt, viewBox: `0 0 ${w} ${hgt}`, role: 'img', 'aria-label': label});
   if (values.length > 0) {
-    const top = Math.max(max || 0, ...values, 1e-9);
+    const lo = top ? 0 : Math.min(...values), hi = top ? Math.max(top, ...values) : Math.max(...values);
+    const span = hi - lo;
     const step = w / Math.max(values.length - 1, 1);
-    const pts = values.map((v, i) => `${(i * step).toFixed(1)},${(hgt - 1 - (v / top) * (hgt - 2)).toFixed(1)}`);
+    const y = (v) => span > 0 ? hgt - 1 - ((v - lo) / span) * (hgt - 2) : hgt / 2;
+    const pts = values.map((v, i) => `${(i * step).toFixed(1)},${y(v).toFixed(1)}`);
     svg.appendChild(h('polyline', {points: pts.join(' ')}));
   }
   return svg;
