@@ -149,19 +149,6 @@ func lineTime(line []byte) (int64, bool) {
 	return ts, err == nil
 }
 
-// lineType reads the "type" field that starts every stored event line.
-func lineType(line []byte) string {
-	const key = `{"type":"`
-	if !bytes.HasPrefix(line, []byte(key)) {
-		return "event"
-	}
-	rest := line[len(key):]
-	if i := bytes.IndexByte(rest, '"'); i > 0 {
-		return string(rest[:i])
-	}
-	return "event"
-}
-
 // mergeByTime merges runs that are each in time order. A "lost" line is
 // stored in every file: identical ones next to each other are kept once.
 func mergeByTime(runs [][]storedLine) []storedLine {

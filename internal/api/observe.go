@@ -14,6 +14,9 @@ import (
 	"github.com/agentjail/agentjail/internal/observe"
 )
 
+// historyBatch is how many stored events one "history" event carries.
+const historyBatch = 1000
+
 // sseHeartbeat is how often an idle event stream sends a comment line so
 // proxies do not close it.
 const sseHeartbeat = 15 * time.Second
@@ -25,9 +28,10 @@ const sseHeartbeat = 15 * time.Second
 // telling how many it missed instead of slowing the jail. With
 // follow=false the stream ends once the events held at the time of the
 // request are sent. With history=N (and no Last-Event-ID) the stream
-// first sends the last N events stored in the jail's event files (without
-// ids), then a "history" event with their count, then the live events
-// newer than the last of them.
+// first sends the last N events stored in the jail's event files, oldest
+// first, as "history" events whose data is a JSON array of up to
+// historyBatch of them, then a "history-end" event with their count, then
+// the live events newer than the last of them.
 func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	var types []string
@@ -93,18 +97,25 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 	line := make([]byte, 0, 1024)
 	var histEnd int64 // live events up to this time were in the history
 	if histN > 0 {
-		for _, l := range hist {
-			line = append(line[:0], "event: "...)
-			line = append(line, lineType(l.line)...)
-			line = append(line, "\ndata: "...)
-			line = append(line, l.line...)
-			line = append(line, "\n\n"...)
+		// The stored events go in batches (a JSON array per SSE event):
+		// a page parses 100 000 of them in a few calls, not one each.
+		for i := 0; i < len(hist); i += historyBatch {
+			line = append(line[:0], "event: history\ndata: ["...)
+			for k, l := range hist[i:min(i+historyBatch, len(hist))] {
+				if k > 0 {
+					line = append(line, ',')
+				}
+				line = append(line, l.line...)
+			}
+			line = append(line, "]\n\n"...)
 			if _, werr := bw.Write(line); werr != nil {
 				return nil
 			}
-			histEnd = l.ts
 		}
-		if _, werr := fmt.Fprintf(bw, "event: history\ndata: {\"type\":\"history\",\"count\":%d}\n\n", len(hist)); werr != nil {
+		if len(hist) > 0 {
+			histEnd = hist[len(hist)-1].ts
+		}
+		if _, werr := fmt.Fprintf(bw, "event: history-end\ndata: {\"type\":\"history-end\",\"count\":%d}\n\n", len(hist)); werr != nil {
 			return nil
 		}
 		if flush() != nil {

@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/barepty"
 	"github.com/agentjail/agentjail/internal/initclient"
@@ -63,8 +66,12 @@ func BenchmarkTerminalOutput(b *testing.B) {
 			chunks, received := 0, 0
 			b.ResetTimer()
 			for range b.N {
+				// Each side starts without the other's garbage to collect
+				// or dirty pages (a recording) to write back.
 				b.StopTimer()
+				settle()
 				bare := barePTY(b)
+				settle()
 				b.StartTimer()
 				start := time.Now()
 				term, err := e.c.StartTerminal(context.Background(), initproto.ExecRequest{Argv: termOutputCmd, PTY: &initproto.PTYOptions{}})
@@ -102,6 +109,13 @@ func BenchmarkTerminalOutput(b *testing.B) {
 			b.ReportMetric(float64(received)/float64(chunks), "bytes/frame")
 		})
 	}
+}
+
+// settle collects garbage and writes dirty pages back, so that what one
+// measurement left behind does not weigh on the next.
+func settle() {
+	runtime.GC()
+	unix.Sync()
 }
 
 // drainTerminal reads a terminal's output until it ends; it returns the

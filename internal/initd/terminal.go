@@ -40,6 +40,12 @@ const (
 	// writer joins the chunks queued for it, so a fast producer costs one
 	// write per frame instead of one per terminal read.
 	frameCoalesce = 256 << 10
+	// While output comes in bulk (reads of bulkChunk bytes or more), the
+	// writer waits up to bulkDelay for more before sending a frame, so a
+	// flood goes out in large frames; a keystroke's echo (a few bytes) is
+	// sent at once.
+	bulkChunk = 2048
+	bulkDelay = 250 * time.Microsecond
 	// recordQueue bounds the output chunks waiting for the recorder.
 	recordQueue = 256
 	// recordFlush is how often a recording is flushed to its file, so
@@ -579,6 +585,8 @@ func (ss *ptySession) writeLoop(a *attacher, done chan<- struct{}) {
 	defer recoverPanic(ss.srv.log, "terminal writer")
 	defer close(done)
 	frame := make([]byte, 0, initproto.HeaderSize+frameCoalesce+ptyChunk)
+	bulk := time.NewTimer(bulkDelay)
+	bulk.Stop()
 	for {
 		select {
 		case d, ok := <-a.q:
@@ -586,6 +594,8 @@ func (ss *ptySession) writeLoop(a *attacher, done chan<- struct{}) {
 			if ok {
 				frame = append(frame[:0], byte(initproto.MsgStdout), 0, 0, 0, 0)
 				frame = append(frame, d...)
+				last := len(d)
+				waiting := false
 			join:
 				for len(frame) < initproto.HeaderSize+frameCoalesce {
 					select {
@@ -595,9 +605,34 @@ func (ss *ptySession) writeLoop(a *attacher, done chan<- struct{}) {
 							break join
 						}
 						frame = append(frame, more...)
+						last = len(more)
+						continue
 					default:
+					}
+					if last < bulkChunk {
+						break // not a flood: send what there is
+					}
+					if !waiting {
+						bulk.Reset(bulkDelay)
+						waiting = true
+					}
+					select {
+					case more, ok := <-a.q:
+						if !ok {
+							ended = true
+							break join
+						}
+						frame = append(frame, more...)
+						last = len(more)
+					case <-bulk.C:
+						waiting = false
+						break join
+					case <-a.gone:
 						break join
 					}
+				}
+				if waiting {
+					bulk.Stop() // no stale tick is delivered after Stop (Go ≥ 1.23)
 				}
 				n := len(frame) - initproto.HeaderSize
 				binary.BigEndian.PutUint32(frame[1:initproto.HeaderSize], uint32(n))

@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -268,23 +270,72 @@ func TestTerminalWebSocket(t *testing.T) {
 	}
 }
 
-// TestTerminalSlowClient: a client that stops reading blocks neither the
-// session nor the other clients.
+// TestTerminalSlowClient: a client that stops reading slows neither the
+// session nor its recording nor the other clients: it skips ahead and is
+// told how much it skipped. Every client's account is exact: what it
+// received plus what it was told it skipped is what the command wrote.
 func TestTerminalSlowClient(t *testing.T) {
 	d := shared(t)
 	j := d.createJail(t, nil)
+	const total = 50000000
 	fast := dialTerm(t, d, j.ID, url.Values{"cmd": {"sh", "-c", `read x; head -c 50000000 /dev/zero | tr '\0' x; echo; echo END`}}).start()
-	stalled := dialTerm(t, d, j.ID, url.Values{"session": {fast.session.ID}}) // never read
+	stalled := dialTerm(t, d, j.ID, url.Values{"session": {fast.session.ID}}) // not read until the end
 	defer stalled.conn.CloseNow()
 	start := time.Now()
 	fast.send(t, "go\r")
 	if code, _ := fast.waitExit(t); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	if n := strings.Count(fast.text(), "x"); n < 50000000 || !strings.Contains(fast.text(), "END") {
-		t.Fatalf("the reading client got %d of 50000000 bytes", n)
+	elapsed := time.Since(start)
+	got, skipped := xsAndSkipped(t, fast.text())
+	// Skipped output may hold some of the few other bytes (the echo of
+	// "go", the END line): the account allows for them.
+	account := func(got, skipped int) bool { return got+skipped >= total && got+skipped <= total+32 }
+	if !account(got, skipped) || !strings.Contains(fast.text(), "END") {
+		t.Fatalf("the reading client got %d bytes and was told it skipped %d, of %d", got, skipped, total)
 	}
-	t.Logf("50 MB to the reading client in %v while another client stalled", time.Since(start))
+	t.Logf("50 MB in %v while another client stalled; the reading client got %d bytes and skipped %d", elapsed, got, skipped)
+	// The stalled client, reading at last, learns what it skipped.
+	stalled.start()
+	if code, _ := stalled.waitExit(t); code != 0 {
+		t.Fatalf("stalled client: exit %d", code)
+	}
+	got, skipped = xsAndSkipped(t, stalled.text())
+	if skipped == 0 || !account(got, skipped) || got >= total {
+		t.Fatalf("the stalled client got %d bytes and was told it skipped %d, of %d", got, skipped, total)
+	}
+	// The recording holds everything.
+	var recs struct {
+		Recordings []recordingInfo `json:"recordings"`
+	}
+	if err := waitFor(10*time.Second, func() error {
+		d.api.want(t, http.StatusOK, "GET", "/jails/"+j.ID+"/recordings", nil, &recs)
+		for _, r := range recs.Recordings {
+			if r.ID == fast.session.RecordingID && r.Status == "complete" && r.Size > total {
+				return nil
+			}
+		}
+		return fmt.Errorf("recording %s not complete with all the output: %+v", fast.session.RecordingID, recs.Recordings)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// skipNotice is what a terminal client is told when it skipped output.
+var skipNotice = regexp.MustCompile(`\[agentjail: this viewer skipped (\d+) bytes of output it did not keep up with\]`)
+
+// xsAndSkipped counts the x bytes a client received and the bytes its
+// notices say it skipped.
+func xsAndSkipped(t *testing.T, text string) (int, int) {
+	skipped := 0
+	for _, m := range skipNotice.FindAllStringSubmatch(text, -1) {
+		n, err := strconv.Atoi(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		skipped += n
+	}
+	return strings.Count(text, "x"), skipped
 }
 
 // tmux drives programs under a real terminal on a private tmux server.
@@ -525,11 +576,13 @@ func BenchmarkTerminalThroughput(b *testing.B) {
 	j := d.createJail(b, map[string]any{"isolation": map[string]any{"resources": map[string]any{"disk_bytes": 2 << 30}}})
 	d.mustSh(b, j.ID, "head -c 75000000 /dev/urandom | base64 -w 99 > /workspace/big && test $(stat -c %s /workspace/big) -ge 100000000")
 	b.SetBytes(100_000_000)
-	var received, ratios []float64
+	var received, ratios, viewer []float64
 	defer func() {
 		if len(received) > 0 {
 			slices.Sort(received)
 			b.ReportMetric(received[0], "min-received-fraction")
+			slices.Sort(viewer)
+			b.ReportMetric(viewer[len(viewer)/2], "viewer-MB/s")
 		}
 		if len(ratios) > 0 {
 			slices.Sort(ratios)
@@ -550,10 +603,12 @@ func BenchmarkTerminalThroughput(b *testing.B) {
 		if code, _ := w.waitExit(b); code != 0 {
 			b.Fatalf("cat exit %d", code)
 		}
-		ratios = append(ratios, bare.Seconds()/time.Since(start).Seconds())
+		elapsed := time.Since(start)
+		ratios = append(ratios, bare.Seconds()/elapsed.Seconds())
 		// A client that falls behind is skipped ahead (the session never
-		// waits for it): report what arrived.
+		// waits for it): report what arrived, and how fast.
 		received = append(received, float64(len(w.text()))/100_000_000)
+		viewer = append(viewer, float64(len(w.text()))/1e6/elapsed.Seconds())
 		b.StopTimer()
 		var recs struct {
 			Recordings []recordingInfo `json:"recordings"`

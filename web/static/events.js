@@ -62,8 +62,17 @@ export class Feed {
     this.historyCount = 0;
     this.pending = [];
     this.frame = 0;
+    // When the stream opened and when its history was in (for the
+    // time-to-interactive benchmark and the curious).
+    this.t0 = performance.now();
+    this.historyMs = 0;
     const handlers = {
-      history: (m) => { this.historyDone = true; this.historyCount = m.count; this.flush(); this.emit('history', m); },
+      // The stored events come in batches, a JSON array each.
+      history: (batch) => { for (const e of batch) this.pending.push(e); this.schedule(); },
+      'history-end': (m) => {
+        this.historyDone = true; this.historyCount = m.count; this.historyMs = performance.now() - this.t0;
+        this.flush(); this.emit('history', m);
+      },
       end: () => this.emit('end'),
     };
     for (const t of [...types, 'notice']) handlers[t] = (e) => this.add(e);
@@ -72,6 +81,10 @@ export class Feed {
 
   add(e) {
     this.pending.push(e);
+    this.schedule();
+  }
+
+  schedule() {
     if (!this.frame) this.frame = requestAnimationFrame(() => this.flush());
   }
 

@@ -176,6 +176,7 @@ export function mount(el, id, tab) {
       count.textContent = `${view.length.toLocaleString()} of ${feed.events.length.toLocaleString()} events` + (feed.historyDone ? '' : ' (loading…)');
       listEl.dataset.count = view.length;
       listEl.dataset.loaded = feed.historyDone ? 'true' : 'false';
+      listEl.dataset.historyMs = Math.round(feed.historyMs);
     }
     search.addEventListener('input', debounce(() => { q = search.value.trim().toLowerCase(); rebuild(); }, 150));
     rebuild();
