@@ -110,8 +110,9 @@ type Backend interface {
 	// Destroy kills every process of the jail and releases every resource
 	// it has (mounts, disk, cgroup, network namespace, runtime state)
 	// except inst.Dir itself. It is idempotent and works from any state,
-	// including a half-prepared jail and one whose record was lost (then
-	// inst.Config holds only defaults).
+	// including a half-prepared jail, one a killed daemon was still
+	// making (what it had started on the jail's behalf is ended first) and
+	// one whose record was lost (then inst.Config holds only defaults).
 	Destroy(ctx context.Context, inst Instance) error
 	// Status reports whether the jail runs, from the backend's own state
 	// (the manager calls it to re-adopt jails after a daemon restart).

@@ -60,5 +60,7 @@ type Checkpointer interface {
 	Restore(ctx context.Context, inst Instance, src RestoreSource) (Status, error)
 	// Recover undoes what an interrupted Checkpoint may have left on a
 	// running jail (a frozen filesystem or cgroup), after a daemon crash.
+	// A checkpoint still at work for the dead daemon is waited for first;
+	// after Recover nothing writes into any checkpoint's Dir or DiskImage.
 	Recover(ctx context.Context, inst Instance) error
 }

@@ -3,11 +3,13 @@
 // "/agentjail/<id>"; this package finds that path in whichever hierarchy
 // holds each controller (cgroup v1, the unified v2 hierarchy, or both on a
 // "hybrid" host), reads usage, limits and OOM kills, returns the cgroup id
-// that keys kernel-side observation, and removes the directories when a jail
-// is gone. It never writes limits: runc owns them.
+// that keys kernel-side observation, kills what is left in a cgroup whose
+// jail is being destroyed, and removes the directories when a jail is
+// gone. It never writes limits: runc owns them.
 package cgroups
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -404,6 +407,28 @@ func OOMKills(path string) (uint64, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// Kill SIGKILLs every process in path's directory of the unified
+// hierarchy, again and again, until it holds none or ctx ends. A cgroup
+// that does not exist holds none.
+func Kill(ctx context.Context, path string) error {
+	for {
+		pids, err := Pids(path)
+		if err != nil || len(pids) == 0 {
+			return err
+		}
+		for _, pid := range pids {
+			if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("kill %d in cgroup %s: %w", pid, path, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cgroup %s still has processes %v: %w", path, pids, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // Pids returns the host pids of the processes in path's directory of the

@@ -450,6 +450,7 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 		m.forget(e)
 		return nil, err
 	}
+	m.made(e)
 	return e.view(), nil
 }
 
@@ -470,10 +471,12 @@ func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
 	if err = os.Mkdir(e.dir, 0o711); err != nil {
 		return fmt.Errorf("jail dir: %w", err)
 	}
+	marker := makingMarker
 	if warm {
-		if err = os.WriteFile(filepath.Join(e.dir, warmMarker), nil, 0o600); err != nil {
-			err = fmt.Errorf("jail dir: %w", err)
-		}
+		marker = warmMarker
+	}
+	if err = os.WriteFile(filepath.Join(e.dir, marker), nil, 0o600); err != nil {
+		err = fmt.Errorf("jail dir: %w", err)
 	}
 	if err == nil {
 		err = m.persist(e)
@@ -488,6 +491,14 @@ func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
 		m.releaseJail(context.WithoutCancel(ctx), e, false)
 	}
 	return err
+}
+
+// made marks the new jail e as the caller's: from here on a crash no
+// longer releases it.
+func (m *Manager) made(e *entry) {
+	if err := os.Remove(filepath.Join(e.dir, makingMarker)); err != nil {
+		m.log.Error("a new jail stays marked as being made; a crash would release it", "jail", e.snapshot().ID, "err", err)
+	}
 }
 
 // setConfig replaces e's config in memory (persist writes it).
@@ -790,7 +801,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		dir := m.jailDir(d.Name())
-		if m.releaseWarmDir(ctx, dir) {
+		if m.releaseUnfinishedDir(ctx, dir) {
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join(dir, "jail.json"))

@@ -248,6 +248,7 @@ func TestManagerRecovery(t *testing.T) {
 	for _, r := range []model.CreateRequest{
 		req("runs", config.LevelVM, true), req("created", config.LevelVM, false),
 		req("halfway", config.LevelVM, true), req("died", config.LevelVM, true), req("other-level", config.LevelGVisor, true),
+		req("unanswered", config.LevelVM, true),
 	} {
 		j, err := m1.Create(ctx, r)
 		if err != nil {
@@ -261,6 +262,11 @@ func TestManagerRecovery(t *testing.T) {
 	// What a crash leaves: a record written while starting, an init that
 	// died while no daemon watched, a directory whose record was lost.
 	setRecordStatus(t, filepath.Join(td.opts.DataDir, "jails", made["halfway"].ID), model.StateStarting)
+	// A create that had not answered when the daemon died.
+	unanswered := filepath.Join(td.opts.DataDir, "jails", made["unanswered"].ID)
+	if err := os.WriteFile(filepath.Join(unanswered, makingMarker), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := syscall.Kill(made["died"].Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -300,6 +306,13 @@ func TestManagerRecovery(t *testing.T) {
 	}
 	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) || !vm.called("destroy 0123456789ab") {
 		t.Errorf("the directory without a record was not released: %v", err)
+	}
+	// The create that never answered is released, not adopted.
+	if _, err := m2.Get(ctx, "unanswered"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a jail whose create never answered is still known: %v", err)
+	}
+	if _, err := os.Stat(unanswered); !errors.Is(err, os.ErrNotExist) || !vm.called("destroy "+made["unanswered"].ID) || alive(made["unanswered"].Pid) {
+		t.Errorf("a jail whose create never answered was not released: dir %v, init alive %v", err, alive(made["unanswered"].Pid))
 	}
 	// Teardown needs the level back to destroy that jail.
 	td.opts.Backends = []backend.Factory{vm.factory(), gv.factory()}

@@ -37,8 +37,15 @@ func (m *Manager) openSnapshots() error {
 }
 
 // recoverCheckpoints undoes what a checkpoint interrupted by a daemon
-// crash left on the running jails (a frozen disk or cgroup).
+// crash left on the running jails (a frozen disk or cgroup), once it has
+// ended, then removes what incomplete snapshots left: a snapshot is
+// either complete (its record written last) or gone.
 func (m *Manager) recoverCheckpoints(ctx context.Context) {
+	defer func() {
+		if err := m.snaps.store.Sweep(); err != nil {
+			m.log.Error("removing incomplete snapshots", "err", err)
+		}
+	}()
 	m.mu.Lock()
 	var running []*entry
 	for _, e := range m.jails {
@@ -330,6 +337,9 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 	if err := os.Mkdir(e.dir, 0o711); err != nil {
 		return fail(fmt.Errorf("jail dir: %w", err))
 	}
+	if err := os.WriteFile(filepath.Join(e.dir, makingMarker), nil, 0o600); err != nil {
+		return fail(fmt.Errorf("jail dir: %w", err))
+	}
 	if err := m.persist(e); err != nil {
 		return fail(err)
 	}
@@ -359,6 +369,7 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 		j.StartedAt = &now
 	})
 	m.watch(e, st.Pid)
+	m.made(e)
 	return e.view(), nil
 }
 

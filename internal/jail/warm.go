@@ -32,6 +32,11 @@ import (
 // warmMarker marks the directory of a ready, not yet handed out, jail.
 const warmMarker = "warm"
 
+// makingMarker marks the directory of a jail being made (created or
+// restored) until the request that makes it answers: after a crash, such a
+// jail is released, not adopted.
+const makingMarker = "making"
+
 // warmRetryMax bounds the wait between refills that fail.
 const warmRetryMax = 30 * time.Second
 
@@ -286,11 +291,16 @@ func (m *Manager) stopWarm() {
 	wg.Wait()
 }
 
-// releaseWarmDir destroys what a ready jail of an earlier daemon run left
-// in dir; it reports false when dir is not a ready jail's.
-func (m *Manager) releaseWarmDir(ctx context.Context, dir string) bool {
+// releaseUnfinishedDir destroys what a ready jail of an earlier daemon
+// run, or a jail it was still making (a create or restore that had not
+// answered), left in dir; it reports false when dir is neither.
+func (m *Manager) releaseUnfinishedDir(ctx context.Context, dir string) bool {
+	what := "a ready jail of an earlier run"
 	if _, err := os.Stat(filepath.Join(dir, warmMarker)); err != nil {
-		return false
+		if _, err := os.Stat(filepath.Join(dir, makingMarker)); err != nil {
+			return false
+		}
+		what = "a jail an earlier run did not finish making"
 	}
 	e := &entry{dir: dir}
 	data, err := os.ReadFile(filepath.Join(dir, "jail.json"))
@@ -302,7 +312,7 @@ func (m *Manager) releaseWarmDir(ctx context.Context, dir string) bool {
 		e.rec = model.Jail{ID: filepath.Base(dir)}
 		e.rec.Config.ApplyDefaults()
 	}
-	m.log.Info("releasing a ready jail of an earlier run", "jail", e.rec.ID)
+	m.log.Info("releasing "+what, "jail", e.rec.ID)
 	m.releaseJail(ctx, e, recordless)
 	return true
 }

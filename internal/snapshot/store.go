@@ -38,9 +38,9 @@ type Store struct {
 	images string // DATA_DIR/pool/snapshots
 }
 
-// Open returns the store of dataDir, creating its directories, and
-// removes what incomplete snapshots (a crash while one was taken) left.
-// The storage pool must be mounted at dataDir/pool.
+// Open returns the store of dataDir, creating its directories. The
+// storage pool must be mounted at dataDir/pool. What incomplete snapshots
+// (a crash while one was taken) left stays until Sweep.
 func Open(dataDir string) (*Store, error) {
 	s := &Store{dir: filepath.Join(dataDir, "snapshots"), images: filepath.Join(dataDir, "pool", "snapshots")}
 	for _, d := range []string{s.dir, s.images} {
@@ -48,14 +48,13 @@ func Open(dataDir string) (*Store, error) {
 			return nil, fmt.Errorf("snapshot store: %w", err)
 		}
 	}
-	if err := s.sweep(); err != nil {
-		return nil, err
-	}
 	return s, nil
 }
 
-// sweep removes incomplete snapshot dirs and images without a record.
-func (s *Store) sweep() error {
+// Sweep removes incomplete snapshot dirs and images without a record. Call
+// it when no snapshot is being taken: once the checkpoints a crashed
+// daemon left running have ended.
+func (s *Store) Sweep() error {
 	dirs, err := os.ReadDir(s.dir)
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)

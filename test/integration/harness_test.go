@@ -434,6 +434,9 @@ func (d *daemon) leftovers() []string {
 			out = append(out, "process "+p)
 		}
 	}
+	for _, h := range inv.Helpers {
+		out = append(out, "helper process "+h)
+	}
 	for _, l := range inv.Links {
 		out = append(out, "interface "+l)
 	}

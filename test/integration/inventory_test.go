@@ -36,9 +36,13 @@ type inventory struct {
 	Netns []string
 	// Procs are processes whose cgroup is a jail's ("pid comm cgroup").
 	Procs []string
-	// Files are the entries of the data dir's per-jail directories
-	// (jails/, pool/disks/, run/runc/).
+	// Files are the entries of the data dir's per-jail and per-snapshot
+	// directories (jails/, pool/disks/, run/runc/, snapshots/,
+	// pool/snapshots/, run/snapmnt/).
 	Files []string
+	// Helpers are the processes working on the data dir (runc, CRIU and
+	// the like, which name a path in it), other than the daemon.
+	Helpers []string
 	// TempDirs are agentjail entries of the temp directories.
 	TempDirs []string
 	// Links are the host interfaces of the daemon's jail network (named
@@ -62,7 +66,7 @@ func takeInventory(dir string) inventory {
 	inv.Cgroups = jailCgroups()
 	inv.Netns = dirNames(filepath.Join(dir, "run", "netns"))
 	inv.Procs = jailProcs()
-	for _, sub := range []string{"jails", "pool/disks", "run/runc"} {
+	for _, sub := range []string{"jails", "pool/disks", "run/runc", "snapshots", "pool/snapshots", "run/snapmnt"} {
 		for _, n := range dirNames(filepath.Join(dir, sub)) {
 			inv.Files = append(inv.Files, filepath.Join(sub, n))
 		}
@@ -75,8 +79,9 @@ func takeInventory(dir string) inventory {
 			}
 		}
 	}
+	inv.Helpers = helperProcs(dir)
 	inv.Links, inv.Routes, inv.Nft = jailNetwork(dir)
-	for _, l := range [][]string{inv.Mounts, inv.Loops, inv.Cgroups, inv.Netns, inv.Procs, inv.Files, inv.TempDirs, inv.Links, inv.Routes, inv.Nft} {
+	for _, l := range [][]string{inv.Mounts, inv.Loops, inv.Cgroups, inv.Netns, inv.Procs, inv.Files, inv.Helpers, inv.TempDirs, inv.Links, inv.Routes, inv.Nft} {
 		sort.Strings(l)
 	}
 	return inv
@@ -98,6 +103,7 @@ func (inv inventory) added(base inventory) []string {
 	add("netns", inv.Netns, base.Netns)
 	add("process", inv.Procs, base.Procs)
 	add("file", inv.Files, base.Files)
+	add("helper", inv.Helpers, base.Helpers)
 	add("temp", inv.TempDirs, base.TempDirs)
 	add("interface", inv.Links, base.Links)
 	add("route", inv.Routes, base.Routes)
@@ -159,6 +165,29 @@ func mountsUnder(dir string) []string {
 		if mp == dir || strings.HasPrefix(mp, dir+"/") {
 			out = append(out, mp)
 		}
+	}
+	return out
+}
+
+// helperProcs lists the live processes whose command line names a path
+// under dir ("pid argv"): the runtime and CRIU at work for a daemon on dir
+// (whose own command line names dir itself, not a path below it).
+func helperProcs(dir string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil || procState(e.Name()) == "Z" {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(raw, []byte(dir+"/")) {
+			continue
+		}
+		argv := strings.ReplaceAll(strings.TrimRight(string(raw), "\x00"), "\x00", " ")
+		if len(argv) > 200 {
+			argv = argv[:200]
+		}
+		out = append(out, e.Name()+" "+argv)
 	}
 	return out
 }

@@ -605,7 +605,9 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 	if err != nil {
 		return 0, fmt.Errorf("restore %s: stdio pipes: %w", inst.ID, err)
 	}
-	tmp, err := os.MkdirTemp("", "agentjail-restore-")
+	// In the jail's dir: a daemon killed meanwhile leaves it to go with
+	// the jail.
+	tmp, err := os.MkdirTemp(p.dir, ".restore-")
 	if err != nil {
 		pipes.Close()
 		return 0, fmt.Errorf("restore %s: pid file dir: %w", inst.ID, err)
@@ -981,9 +983,18 @@ func waitInit(ctx context.Context, sock string) error {
 	}
 }
 
-// Recover implements backend.Checkpointer.
+// Recover implements backend.Checkpointer. A checkpoint that a killed
+// daemon started goes on without it and resumes the jail when it ends;
+// Recover waits for that first (CRIU stopped half-way would leave its
+// parasite code in the jail's processes).
 func (b *Backend) Recover(ctx context.Context, inst backend.Instance) error {
 	p := b.paths(inst)
+	wctx, cancel := context.WithTimeout(ctx, checkpointTimeout)
+	left := b.runtime.WaitStrays(wctx, inst.ID, "checkpoint")
+	cancel()
+	if len(left) > 0 {
+		return fmt.Errorf("jail %s: the checkpoint a previous daemon started (runtime pids %v) did not end within %v", inst.Name, left, checkpointTimeout)
+	}
 	errs := []error{thawFS(p.disk)}
 	if st, _, err := b.runtime.State(ctx, inst.ID); err == nil && st == "paused" {
 		errs = append(errs, b.runtime.Resume(ctx, inst.ID))

@@ -773,13 +773,20 @@ func (b *Backend) kill(ctx context.Context, id string, pid int) error {
 // Destroy implements backend.Backend.
 func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
 	p := b.paths(inst)
-	var errs []error
+	// A daemon killed half-way through making this jail left the runtime
+	// (and CRIU) at work on it: end that first.
+	errs := []error{b.runtime.KillStrays(ctx, inst.ID)}
 	_, pid, err := b.runtime.State(ctx, inst.ID)
 	if err == nil {
 		errs = append(errs, b.kill(ctx, inst.ID, pid))
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		errs = append(errs, err)
 	}
+	// What the runtime does not know of (a restore that never finished)
+	// may still be in the jail's cgroup.
+	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	errs = append(errs, cgroups.Kill(kctx, p.cgroup))
+	cancel()
 	b.ifaces.Delete(inst.ID)
 	if err := b.opts.Net.Detach(ctx, inst.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))

@@ -121,7 +121,9 @@ func (r *Runtime) Create(ctx context.Context, id, bundle string) (pid int, err e
 		pipes.Close()
 		return 0, fmt.Errorf("create %s: %w", id, err)
 	}
-	tmp, err := os.MkdirTemp("", "agentjail-runc-")
+	// In the bundle, not the host's temp dir: a daemon killed meanwhile
+	// leaves it to go with the jail.
+	tmp, err := os.MkdirTemp(bundle, ".runc-create-")
 	if err != nil {
 		cio.close()
 		return 0, fmt.Errorf("create %s: pid file dir: %w", id, err)

@@ -1,0 +1,112 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// A daemon killed while it drove the runtime leaves the runtime running:
+// `runc create`, `runc restore` (with CRIU and its action script below it)
+// or `runc checkpoint` carry on without it. Such strays are found by their
+// command line (the runtime's state directory and the container id) and
+// by their parent not being this process.
+
+// Strays returns the pids of runtime processes acting on container id (for
+// verb, when not "") that this process did not start.
+func (r *Runtime) Strays(id, verb string) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		args := strings.Split(string(bytes.TrimRight(raw, "\x00")), "\x00")
+		if args[len(args)-1] != id || !r.ownsArgs(args) || (verb != "" && !slices.Contains(args, verb)) {
+			continue
+		}
+		if parent(pid) == self {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+// ownsArgs reports whether a command line is this Runtime's: it names the
+// runtime's state directory with --root.
+func (r *Runtime) ownsArgs(args []string) bool {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--root" && args[i+1] == r.rc.Root {
+			return true
+		}
+	}
+	return false
+}
+
+// parent returns pid's parent pid (0 when it is gone).
+func parent(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
+
+// WaitStrays waits until no stray runtime process acts on id (for verb,
+// when not "") or ctx ends; it returns the pids still running then.
+func (r *Runtime) WaitStrays(ctx context.Context, id, verb string) []int {
+	for {
+		left := r.Strays(id, verb)
+		if len(left) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return left
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// KillStrays SIGKILLs the stray runtime processes acting on id and waits
+// (up to 10 s) until they are gone.
+func (r *Runtime) KillStrays(ctx context.Context, id string) error {
+	for _, pid := range r.Strays(id, "") {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("stray runtime process %d of %s: %w", pid, id, err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if left := r.WaitStrays(wctx, id, ""); len(left) > 0 {
+		return fmt.Errorf("stray runtime processes of %s did not exit after SIGKILL: %v", id, left)
+	}
+	return nil
+}
