@@ -1,0 +1,118 @@
+package integration
+
+import (
+	"os"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// noisyNeighbours are the four noisy jails of TestNoisyNeighbour: each
+// script starts its noise in the background (as the jail's user) and
+// returns at once.
+var noisyNeighbours = []struct {
+	name, script string
+	// on reports from the jail's stats that the noise is at full strength.
+	on func(s *jailStats) bool
+}{
+	// Every process forks for ever, failures (the pids limit) included.
+	{"fork bomb", `setsid -f python3 -c 'import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass' >/dev/null 2>&1 </dev/null`,
+		func(s *jailStats) bool { return s.Pids >= s.PidsLimit-8 }},
+	{"memory hog", `setsid -f sh -c 'while :; do python3 -c "b = bytearray(2 << 30)"; done' >/dev/null 2>&1 </dev/null`,
+		func(s *jailStats) bool { return s.OOMKills >= 2 }},
+	{"disk filler", `setsid -f sh -c 'while :; do dd if=/dev/zero of=/workspace/fill bs=1M count=4096; sync; rm -f /workspace/fill; done' >/dev/null 2>&1 </dev/null`,
+		func(s *jailStats) bool { return s.DiskUsedBytes >= 256<<20 }},
+	{"fd exhaustion", `for i in $(seq 24); do setsid -f python3 -c 'import os, time
+fds = []
+while True:
+    try:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+time.sleep(3600)' >/dev/null 2>&1 </dev/null; done`,
+		func(s *jailStats) bool { return s.Pids >= 24 }},
+}
+
+// execLatencies runs `true` n times in the jail and returns the round
+// trips, sorted.
+func execLatencies(t *testing.T, d *daemon, id string, n int) []time.Duration {
+	t.Helper()
+	out := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		r := d.api.do(t, "POST", "/jails/"+id+"/exec", execReq{Cmd: []string{"true"}, TimeoutMs: 30_000})
+		took := time.Since(start)
+		if r.status != http.StatusOK || !strings.Contains(string(r.body), `"exit_code":0`) {
+			t.Fatalf("exec true: %s", r)
+		}
+		out = append(out, took)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a] < out[b] })
+	return out
+}
+
+func p99(sorted []time.Duration) time.Duration { return sorted[len(sorted)*99/100] }
+
+// TestNoisyNeighbour measures a jail's exec round trip (p99 of 300 runs of
+// `true`) quiet, then while four other jails run a fork bomb, a memory hog
+// (OOM-killed in a loop), a disk filler and descriptor exhaustion: the p99
+// must stay within twice the quiet one. It runs in make soak
+// (AGENTJAIL_NOISY=1): on the 2-core machines it does not hold yet (see
+// docs/architecture.md). AGENTJAIL_NOISY_ONLY=K runs only neighbour K (0-3).
+func TestNoisyNeighbour(t *testing.T) {
+	if os.Getenv("AGENTJAIL_NOISY") == "" {
+		t.Skip("a measurement that does not hold yet on 2 cores; make soak runs it (AGENTJAIL_NOISY=1)")
+	}
+	d := newDaemon(t)
+	victim := d.createJail(t, nil)
+	const n = 300
+	execLatencies(t, d, victim.ID, 20) // warm the path
+	quiet := execLatencies(t, d, victim.ID, n)
+
+	var noisyIDs []string
+	for k, nb := range noisyNeighbours {
+		if o := os.Getenv("AGENTJAIL_NOISY_ONLY"); o != "" && o != fmt.Sprint(k) {
+			noisyIDs = append(noisyIDs, victim.ID)
+			continue
+		}
+		j := d.createJail(t, nil)
+		noisyIDs = append(noisyIDs, j.ID)
+		if res := d.shAs(t, j.ID, "", nb.script); res.ExitCode != 0 {
+			t.Fatalf("%s: %s", nb.name, &res)
+		}
+	}
+	stats := func() []string {
+		var out []string
+		for i, id := range noisyIDs {
+			s := d.getJail(t, id).Stats
+			out = append(out, fmt.Sprintf("%s: pids %d/%d, oom kills %d, disk %d MiB", noisyNeighbours[i].name, s.Pids, s.PidsLimit, s.OOMKills, s.DiskUsedBytes>>20))
+		}
+		return out
+	}
+	// Measure once every neighbour is at full strength.
+	if err := waitFor(time.Minute, func() error {
+		for i, id := range noisyIDs {
+			if s := d.getJail(t, id).Stats; id != victim.ID && (s == nil || !noisyNeighbours[i].on(s)) {
+				return fmt.Errorf("%s not at full strength: %s", noisyNeighbours[i].name, strings.Join(stats(), "; "))
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	noisy := execLatencies(t, d, victim.ID, n)
+	t.Logf("neighbours: %s", strings.Join(stats(), "; "))
+	t.Logf("exec true: quiet median %v p99 %v; noisy median %v p99 %v (%.2f×)",
+		quiet[n/2], p99(quiet), noisy[n/2], p99(noisy), float64(p99(noisy))/float64(p99(quiet)))
+	if p99(noisy) > 2*p99(quiet) {
+		t.Errorf("exec p99 with noisy neighbours %v is more than twice the quiet %v", p99(noisy), p99(quiet))
+	}
+}
