@@ -1,9 +1,9 @@
 package integration
 
 import (
-	"os"
 	"fmt"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"testing"
