@@ -83,7 +83,12 @@ func printReport(w io.Writer, r *client.Report, top int) {
 		fmt.Fprintf(w, "- observation: OFF — %s\n", r.Observation.Message)
 	}
 	fmt.Fprintf(w, "- events: %d syscall, %d file, %d net, %d proc\n", r.Events["syscall"], r.Events["file"], r.Events["net"], r.Events["proc"])
-	fmt.Fprintf(w, "- lost: %d in the kernel, %d by the writer\n\n", r.Lost["kernel"], r.Lost["writer"])
+	fmt.Fprintf(w, "- lost: %d in the kernel, %d by the writer\n", r.Lost["kernel"], r.Lost["writer"])
+	if r.DNS != nil {
+		fmt.Fprintf(w, "- DNS queries: %d answered, %d dropped over the rate limit, %d dropped with too many in flight\n",
+			r.DNS.Answered, r.DNS.DroppedRateLimit, r.DNS.DroppedBusy)
+	}
+	fmt.Fprintln(w)
 
 	fmt.Fprintf(w, "## Top syscalls\n\n| syscall | count | errors | total time |\n|---|---:|---:|---:|\n")
 	for i, s := range r.Syscalls {
