@@ -309,6 +309,8 @@ func newTeardownCmd(g *globals) *cobra.Command {
 daemon (stop the daemon first). For tests and uninstalling.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Every level, so that every jail goes.
+			lv.unsafeNone = true
 			return jail.Teardown(cmd.Context(), jail.Options{DataDir: g.dataDirPath(), Backends: lv.factories()})
 		},
 	}

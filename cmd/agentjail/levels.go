@@ -3,12 +3,15 @@ package main
 import (
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/container"
+	"github.com/agentjail/agentjail/internal/backend/process"
 )
 
 // levelFlags are serve's options of the isolation levels.
 type levelFlags struct {
 	runtime string
 	criu    string
+	// unsafeNone offers the none level (no isolation; development only).
+	unsafeNone bool
 }
 
 // factories returns the backends of every isolation level this binary
@@ -16,5 +19,7 @@ type levelFlags struct {
 func (f levelFlags) factories() []backend.Factory {
 	return []backend.Factory{
 		container.Factory(f.runtime, f.criu),
+		process.Factory(),
+		process.NoneFactory(f.unsafeNone),
 	}
 }

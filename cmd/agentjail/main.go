@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/agentjail/agentjail/internal/confine"
 )
 
 func main() {
@@ -18,6 +20,10 @@ func main() {
 	// of a jail and must not pay for (or be affected by) the CLI's setup.
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		os.Exit(runInit(os.Args[2:]))
+	}
+	// So is the first step of a process-level jail, which becomes its init.
+	if len(os.Args) > 1 && os.Args[1] == "confine" {
+		os.Exit(confine.Main(os.Args[2:]))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := newRootCmd().ExecuteContext(ctx)

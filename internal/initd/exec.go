@@ -100,7 +100,7 @@ func (s *Server) prepareExec(req *initproto.ExecRequest) (*shimSpec, *identity, 
 	if user == "" {
 		user, group = s.cfg.DefaultUser, s.cfg.DefaultGroup
 	}
-	id, err := s.root.lookupUser(user, group)
+	id, err := s.lookupUser(user, group)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -263,9 +263,9 @@ func (s *Server) readFile(c *conn, p string) error {
 // writeIdentity resolves the owner of created files.
 func (s *Server) writeIdentity(user string) (*identity, error) {
 	if user == "" {
-		return s.root.lookupUser(s.cfg.DefaultUser, s.cfg.DefaultGroup)
+		return s.lookupUser(s.cfg.DefaultUser, s.cfg.DefaultGroup)
 	}
-	return s.root.lookupUser(user, "")
+	return s.lookupUser(user, "")
 }
 
 // writeFile receives a file: OK (ready), the client's Data frames and
@@ -584,7 +584,7 @@ func (s *Server) accessCheck(req *initproto.AccessRequest) (initproto.AccessResu
 	if user == "" {
 		user, group = s.cfg.DefaultUser, s.cfg.DefaultGroup
 	}
-	id, err := s.root.lookupUser(user, group)
+	id, err := s.lookupUser(user, group)
 	if err != nil {
 		return initproto.AccessResult{}, err
 	}

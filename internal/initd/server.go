@@ -373,8 +373,11 @@ func recoverPanic(l *log.Logger, what string) {
 	}
 }
 
-// checkPeer accepts only peers outside init's pid namespace, whose pid
-// reads as 0 through SO_PEERCRED.
+// checkPeer accepts only peers outside the jail. As PID 1 of the jail's
+// pid namespace, those are the peers whose pid reads as 0 through
+// SO_PEERCRED. An init without a pid namespace of its own (the process
+// level) runs as the jail's unprivileged user and accepts only root, the
+// daemon.
 func checkPeer(nc net.Conn) error {
 	uc, ok := nc.(*net.UnixConn)
 	if !ok {
@@ -393,6 +396,12 @@ func checkPeer(nc net.Conn) error {
 	}
 	if cerr != nil {
 		return fmt.Errorf("read peer credentials: %w", cerr)
+	}
+	if os.Getpid() != 1 {
+		if cred.Uid != 0 {
+			return newError(initproto.KindForbidden, "", "control connections are accepted only from root outside the jail (peer uid %d)", cred.Uid)
+		}
+		return nil
 	}
 	if cred.Pid != 0 {
 		return newError(initproto.KindForbidden, "", "control connections are accepted only from outside the jail (peer pid %d)", cred.Pid)

@@ -264,9 +264,11 @@ func (s *shim) run(m shimMsg) bool {
 		fmt.Fprintf(os.Stderr, "agentjail shim: malformed run message (%d fds): %v\n", len(m.fds), err)
 		return false
 	}
-	groups := make([]uint32, len(spec.Groups))
-	for i, g := range spec.Groups {
-		groups[i] = uint32(g)
+	cred, err := credential(spec)
+	if err != nil {
+		closeFds(m.fds)
+		s.send(shimMsgExit, shimExit{StartErrno: int(syscall.EPERM), Reusable: true})
+		return true
 	}
 	pidfd := -1
 	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
@@ -281,7 +283,7 @@ func (s *shim) run(m shimMsg) bool {
 			// when a goroutine exits locked to it, which none in the
 			// shim does.
 			Pdeathsig:  syscall.SIGKILL,
-			Credential: &syscall.Credential{Uid: uint32(spec.UID), Gid: uint32(spec.GID), Groups: groups},
+			Credential: cred,
 			PidFD:      &pidfd,
 		},
 	})
@@ -491,4 +493,22 @@ func closeFds(fds []int) {
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
+}
+
+// credential is what the command of spec runs as. A shim running as root
+// switches to the command's user; an unprivileged one (the process level,
+// whose jail has one user) runs commands of its own user as they are and
+// refuses others.
+func credential(spec shimSpec) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		if spec.UID != os.Geteuid() || spec.GID != os.Getegid() {
+			return nil, syscall.EPERM
+		}
+		return nil, nil
+	}
+	groups := make([]uint32, len(spec.Groups))
+	for i, g := range spec.Groups {
+		groups[i] = uint32(g)
+	}
+	return &syscall.Credential{Uid: uint32(spec.UID), Gid: uint32(spec.GID), Groups: groups}, nil
 }

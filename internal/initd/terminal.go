@@ -133,7 +133,7 @@ func (s *Server) startSession(c *conn, req *initproto.ExecRequest) error {
 		if user == "" {
 			user, group = s.cfg.DefaultUser, s.cfg.DefaultGroup
 		}
-		id, err := s.root.lookupUser(user, group)
+		id, err := s.lookupUser(user, group)
 		if err != nil {
 			return err
 		}

@@ -26,8 +26,8 @@ const maxAccountFile = 8 << 20
 // lookupUser resolves spec (a name or numeric uid) from the jail's
 // /etc/passwd and /etc/group; group, when not empty, overrides the primary
 // group (name or numeric gid). A numeric uid without a passwd entry runs
-// with gid = uid, no supplementary groups and HOME=/. An unknown name is a
-// KindInvalid error.
+// with gid = uid, no supplementary groups and no home (Server.lookupUser
+// gives it one). An unknown name is a KindInvalid error.
 func (r *fsRoot) lookupUser(spec, group string) (*identity, error) {
 	if spec == "" {
 		return nil, newError(initproto.KindInvalid, "", "user is empty")
@@ -61,6 +61,19 @@ func (r *fsRoot) lookupUser(spec, group string) (*identity, error) {
 	return id, nil
 }
 
+// lookupUser is fsRoot.lookupUser with the config's Home given to a user
+// whose passwd entry names no home (and "/" when the config has none).
+func (s *Server) lookupUser(spec, group string) (*identity, error) {
+	id, err := s.root.lookupUser(spec, group)
+	if err == nil && id.Home == "" {
+		id.Home = s.cfg.Home
+		if id.Home == "" {
+			id.Home = "/"
+		}
+	}
+	return id, err
+}
+
 // findUser finds spec in passwd contents.
 func findUser(passwd []byte, spec string) (*identity, error) {
 	uid, numErr := strconv.Atoi(spec)
@@ -84,12 +97,9 @@ func findUser(passwd []byte, spec string) (*identity, error) {
 	})
 	switch {
 	case found != nil:
-		if found.Home == "" {
-			found.Home = "/"
-		}
 		return found, nil
 	case numeric:
-		return &identity{Name: spec, UID: uid, GID: uid, Home: "/"}, nil
+		return &identity{Name: spec, UID: uid, GID: uid}, nil
 	case spec == "root":
 		return &identity{Name: "root", Home: "/root"}, nil
 	}

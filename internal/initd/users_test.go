@@ -32,7 +32,7 @@ func TestLookupUser(t *testing.T) {
 		{"agent", "ops", identity{Name: "agent", UID: 1000, GID: 3000, Groups: []int{3000, 2000}, Home: "/home/agent"}},
 		{"agent", "4000", identity{Name: "agent", UID: 1000, GID: 4000, Groups: []int{4000, 2000}, Home: "/home/agent"}},
 		{"root", "", identity{Name: "root", UID: 0, GID: 0, Groups: []int{0}, Home: "/root"}},
-		{"5000", "", identity{Name: "5000", UID: 5000, GID: 5000, Groups: []int{5000}, Home: "/"}},
+		{"5000", "", identity{Name: "5000", UID: 5000, GID: 5000, Groups: []int{5000}}},
 	} {
 		got, err := r.lookupUser(tc.spec, tc.group)
 		if err != nil {
@@ -41,6 +41,16 @@ func TestLookupUser(t *testing.T) {
 		}
 		if got.Name != tc.want.Name || got.UID != tc.want.UID || got.GID != tc.want.GID || got.Home != tc.want.Home || !slices.Equal(got.Groups, tc.want.Groups) {
 			t.Errorf("%s/%s: got %+v, want %+v", tc.spec, tc.group, *got, tc.want)
+		}
+	}
+	// A user without a home gets the config's, else "/".
+	for cfgHome, want := range map[string]string{"": "/", "/var/lib/jail/home": "/var/lib/jail/home"} {
+		s := &Server{root: r, cfg: initproto.InitConfig{Home: cfgHome}}
+		if got, err := s.lookupUser("5000", ""); err != nil || got.Home != want {
+			t.Errorf("uid 5000 with config home %q: %+v %v, want home %q", cfgHome, got, err, want)
+		}
+		if got, err := s.lookupUser("agent", ""); err != nil || got.Home != "/home/agent" {
+			t.Errorf("agent with config home %q: %+v %v", cfgHome, got, err)
 		}
 	}
 	for _, tc := range [][2]string{{"nobody", ""}, {"broken", ""}, {"agent", "nogroup"}, {"-1", ""}, {"", ""}} {

@@ -27,6 +27,9 @@ type InitConfig struct {
 	// IdleShims is how many started shims init keeps ready for the next
 	// commands (each costs a few tasks of the jail's pids limit; 0: none).
 	IdleShims int `json:"idle_shims,omitempty"`
+	// Home, when set, is the HOME of a user whose /etc/passwd entry names
+	// none (the process level runs as a host uid without an entry).
+	Home string `json:"home,omitempty"`
 }
 
 // ExecRequest starts a command (MsgExec).

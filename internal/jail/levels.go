@@ -72,3 +72,22 @@ func (m *Manager) layered(e *entry) (backend.Layered, error) {
 	}
 	return lb, nil
 }
+
+// userFor returns the user to ask the jail's init for, for a request
+// naming user: as is where the level runs commands as any user; where it
+// runs them all as the jail's own user, "" (init's default) for no user or
+// the configured one, and ErrNotImplemented naming the level for another.
+func (m *Manager) userFor(inst backend.Instance, user string) (string, error) {
+	b, err := m.levels.Get(inst.Config.Isolation.Level)
+	if err != nil {
+		return "", err
+	}
+	caps := b.Capabilities()
+	switch {
+	case caps.Users:
+		return user, nil
+	case user == "" || user == inst.Config.Isolation.Process.User:
+		return "", nil
+	}
+	return "", backend.Unsupported(caps.Level, "run commands as another user ("+user+")", "every command runs as the jail's own host user")
+}

@@ -157,10 +157,14 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 	if req.Stdin != "" {
 		stdin = strings.NewReader(req.Stdin)
 	}
+	user, err := m.userFor(inst, req.User)
+	if err != nil {
+		return nil, err
+	}
 	oomBefore := m.oomKills(inst)
 	start := time.Now()
 	st, err := client.Exec(ctx, initproto.ExecRequest{
-		Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs,
+		Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: user, TimeoutMs: req.TimeoutMs,
 	}, stdin, stdout, stderr)
 	if err != nil {
 		return nil, err
@@ -287,11 +291,15 @@ func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opt
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.runningPath(ref, p)
+	inst, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return nil, err
 	}
-	fi, err := c.WriteFile(ctx, p, r, initproto.WriteOptions{Mode: opts.Mode, User: opts.User, MkdirParents: true})
+	user, err := m.userFor(inst, opts.User)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.WriteFile(ctx, p, r, initproto.WriteOptions{Mode: opts.Mode, User: user, MkdirParents: true})
 	if err != nil {
 		return nil, err
 	}
@@ -304,11 +312,15 @@ func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts model.WriteOpti
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.runningPath(ref, p)
+	inst, c, err := m.runningPath(ref, p)
 	if err != nil {
 		return nil, err
 	}
-	fi, err := c.Mkdir(ctx, p, initproto.WriteOptions{Mode: opts.Mode, User: opts.User, MkdirParents: true})
+	user, err := m.userFor(inst, opts.User)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.Mkdir(ctx, p, initproto.WriteOptions{Mode: opts.Mode, User: user, MkdirParents: true})
 	if err != nil {
 		return nil, err
 	}
@@ -344,13 +356,17 @@ func (m *Manager) Access(ctx context.Context, ref, p, mode, user string) (*model
 	if err != nil {
 		return nil, err
 	}
+	send, err := m.userFor(inst, user)
+	if err != nil {
+		return nil, err
+	}
 	if user == "" {
 		user = inst.Config.Isolation.Process.User
 	}
 	if err := blocked(inst, p); err != nil {
 		return &model.AccessResult{Path: p, Mode: mode, User: user, Accessible: false, Reason: err.Error()}, nil
 	}
-	ok, reason, err := c.Access(ctx, p, mode == "write", user)
+	ok, reason, err := c.Access(ctx, p, mode == "write", send)
 	if err != nil {
 		return nil, err
 	}

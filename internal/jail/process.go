@@ -26,7 +26,11 @@ func (m *Manager) StartProcess(ctx context.Context, ref string, req model.ExecRe
 	if err != nil {
 		return nil, err
 	}
-	ir := initproto.ExecRequest{Argv: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs, Stdin: stdin}
+	user, err := m.userFor(inst, req.User)
+	if err != nil {
+		return nil, err
+	}
+	ir := initproto.ExecRequest{Argv: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: user, TimeoutMs: req.TimeoutMs, Stdin: stdin}
 	if pty != nil {
 		if err := checkTermSize("rows", pty.Rows); err != nil {
 			return nil, err

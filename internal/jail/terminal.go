@@ -76,8 +76,12 @@ func (m *Manager) OpenTerminal(ctx context.Context, ref string, req model.Termin
 			return nil, errdefs.Invalidf("term: %q is not a terminal type", req.Term)
 		}
 		env := envList(req.Env)
+		user, err := m.userFor(inst, req.User)
+		if err != nil {
+			return nil, err
+		}
 		t, err = c.StartTerminal(ctx, initproto.ExecRequest{
-			Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: req.User,
+			Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: user,
 			PTY: &initproto.PTYOptions{
 				Rows: uint16(req.Rows), Cols: uint16(req.Cols), Term: req.Term,
 				RecordInput: inst.Config.Recording.Input,

@@ -51,6 +51,9 @@ type Capabilities struct {
 	Limits []string `json:"limits"`
 	// PTY is true when the level runs interactive terminals.
 	PTY bool `json:"pty"`
+	// Users is true when commands may run as another user than the
+	// jail's default one (root included).
+	Users bool `json:"users"`
 	// UserNamespaces is true when process.namespaces.user is supported.
 	UserNamespaces bool `json:"user_namespaces"`
 	// Observers are the kinds of observation that can attach to the

@@ -18,7 +18,7 @@ import (
 func TestConformance(t *testing.T) {
 	requireEnv(t)
 	in := newTestInternet(t, "allowed.test", "other.test")
-	d := newDaemon(t, "--hosts-file", in.hosts)
+	d := newDaemon(t, "--hosts-file", in.hosts, "--unsafe-none-level")
 	c := ajclient.New("http://"+d.addr, d.token)
 	h, err := c.Health(context.Background())
 	if err != nil {

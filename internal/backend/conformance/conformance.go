@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/client"
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -145,6 +146,10 @@ func (h *harness) jail(t *testing.T, mod func(c *client.Config)) *client.Jail {
 func (h *harness) create(t *testing.T, req client.CreateRequest) *client.Jail {
 	t.Helper()
 	req.Isolation.Level = h.Level
+	if n := &req.Isolation.Network; n.Mode == "" && !has(h.caps.NetworkModes, config.NetIsolated) {
+		// The default mode is not the level's: take its first.
+		n.Mode = h.caps.NetworkModes[0]
+	}
 	if req.Name == "" {
 		req.Name = uniqueName(t)
 	}

@@ -558,7 +558,6 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if err != nil {
 		return backend.Status{}, err
 	}
-	b.ifaces.Store(inst.ID, att.Interface)
 	if err := b.writeControl(inst, p, att.Env); err != nil {
 		return backend.Status{}, err
 	}

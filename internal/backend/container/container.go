@@ -18,13 +18,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/backend/hostjail"
 	"github.com/agentjail/agentjail/internal/backend/oci"
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
@@ -78,9 +78,8 @@ type Backend struct {
 	swap    bool
 	// criu is the CRIU binary process checkpoints use ("" without one).
 	criu string
-	// ifaces holds the host side of each running jail's network link, by
-	// jail id (for Observe).
-	ifaces sync.Map
+	// net attaches jails to the daemon's policed network.
+	net *hostjail.Network
 }
 
 var (
@@ -103,6 +102,7 @@ func New(opts Options) (*Backend, error) {
 		opts:    opts,
 		runtime: oci.NewRuntime(opts.RuntimeBinary, filepath.Join(opts.DataDir, "run", "runc")),
 		swap:    cgroups.SwapAccounting(),
+		net:     &hostjail.Network{Net: opts.Net, Log: opts.Log},
 	}
 	b.caps = backend.Capabilities{
 		Level:          config.LevelContainer,
@@ -111,6 +111,7 @@ func New(opts Options) (*Backend, error) {
 		RootfsKinds:    []string{model.RootfsKindHost, model.RootfsKindDir, model.RootfsKindImage},
 		Limits:         []string{model.LimitMemory, model.LimitPids, model.LimitCPU, model.LimitDisk},
 		PTY:            true,
+		Users:          true,
 		UserNamespaces: true,
 		Observers:      []string{model.ObserverKernel},
 		FSSnapshot:     true,
@@ -145,7 +146,7 @@ func (b *Backend) paths(inst backend.Instance) paths {
 		merged:  filepath.Join(disk, "merged"),
 		control: filepath.Join(inst.Dir, "run"),
 		netns:   filepath.Join(b.opts.DataDir, "run", "netns", inst.ID),
-		cgroup:  "/agentjail/" + inst.ID,
+		cgroup:  string(hostjail.CgroupOf(inst.ID)),
 	}
 }
 
@@ -520,7 +521,7 @@ func (b *Backend) prepare(ctx context.Context, inst backend.Instance, p paths) (
 	}
 	done := make(chan attached, 1)
 	go func() {
-		att, err := b.attachNet(ctx, inst, p)
+		att, err := b.net.Attach(ctx, inst, p.netns)
 		done <- attached{att, err}
 	}()
 	err := b.ensure(ctx, inst, p)
@@ -575,7 +576,6 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 		return backend.Status{}, fmt.Errorf("create container: %w", err)
 	}
 	tCreate := time.Now()
-	b.ifaces.Store(inst.ID, att.Interface)
 	if inst.OnCreated != nil {
 		if err := inst.OnCreated(backend.Status{Running: true, Pid: pid}); err != nil {
 			if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
@@ -597,28 +597,11 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 // network and installs what the jail needs to use it: resolv.conf and,
 // with TLS inspection, the daemon's CA. Mode none gets loopback only.
 func (b *Backend) attach(ctx context.Context, inst backend.Instance, p paths) (netpolicy.Attachment, error) {
-	att, err := b.attachNet(ctx, inst, p)
+	att, err := b.net.Attach(ctx, inst, p.netns)
 	if err != nil {
 		return netpolicy.Attachment{}, err
 	}
 	return att, b.writeNetFiles(ctx, inst, p, att)
-}
-
-// attachNet connects the jail's network namespace (which must exist) to
-// the daemon's policed network; mode none gets loopback only.
-func (b *Backend) attachNet(ctx context.Context, inst backend.Instance, p paths) (netpolicy.Attachment, error) {
-	n := inst.Config.Isolation.Network
-	if n.Mode == config.NetNone {
-		return netpolicy.Attachment{}, nil
-	}
-	att, err := b.opts.Net.Attach(ctx, netpolicy.Jail{
-		ID: inst.ID, Name: inst.Name, NetnsPath: p.netns, Mode: n.Mode,
-		Policy: netpolicy.FromConfig(inst.Name, n),
-	})
-	if err != nil {
-		return netpolicy.Attachment{}, fmt.Errorf("network: %w", err)
-	}
-	return att, nil
 }
 
 // writeNetFiles writes the network's resolv.conf and CA into the jail's
@@ -663,25 +646,18 @@ func trustCA(root string, caPEM []byte) error {
 }
 
 func (b *Backend) detach(ctx context.Context, inst backend.Instance) {
-	b.ifaces.Delete(inst.ID)
-	if err := b.opts.Net.Detach(ctx, inst.ID); err != nil {
-		b.opts.Log.Error("detaching jail network", "jail", inst.ID, "err", err)
-	}
+	b.net.DetachLogged(ctx, inst.ID)
 }
 
 // Reattach implements backend.Backend.
 func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) error {
-	att, err := b.attach(ctx, inst, b.paths(inst))
-	if err == nil {
-		b.ifaces.Store(inst.ID, att.Interface)
-	}
+	_, err := b.attach(ctx, inst, b.paths(inst))
 	return err
 }
 
 // UpdateNetwork implements backend.Backend.
 func (b *Backend) UpdateNetwork(ctx context.Context, inst backend.Instance) error {
-	n := inst.Config.Isolation.Network
-	return b.opts.Net.Update(ctx, inst.ID, netpolicy.FromConfig(inst.Name, n))
+	return b.net.Update(ctx, inst)
 }
 
 // Rename implements backend.Backend.
@@ -689,11 +665,7 @@ func (b *Backend) Rename(ctx context.Context, inst backend.Instance, st backend.
 	if err := setHostname(st.Pid, inst.Hostname); err != nil {
 		return fmt.Errorf("jail %s: %w", inst.Name, err)
 	}
-	n := inst.Config.Isolation.Network
-	if n.Mode == config.NetNone || n.Mode == config.NetHost {
-		return nil
-	}
-	return b.opts.Net.Rename(ctx, inst.ID, inst.Name, netpolicy.FromConfig(inst.Name, n))
+	return b.net.Rename(ctx, inst)
 }
 
 // setHostname sets the host name of the UTS namespace of process pid,
@@ -787,25 +759,7 @@ func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	errs = append(errs, cgroups.Kill(kctx, p.cgroup))
 	cancel()
-	b.ifaces.Delete(inst.ID)
-	if err := b.opts.Net.Detach(ctx, inst.ID); err != nil {
-		errs = append(errs, fmt.Errorf("network: %w", err))
-	}
-	if err := cgroups.Remove(p.cgroup); err != nil {
-		errs = append(errs, fmt.Errorf("cgroup: %w", err))
-	}
-	if err := storage.Unmount(p.merged); err != nil {
-		errs = append(errs, fmt.Errorf("jail root: %w", err))
-	}
-	if err := storage.UnmountDisk(p.disk); err != nil {
-		errs = append(errs, fmt.Errorf("jail disk: %w", err))
-	}
-	if err := b.opts.Pool.RemoveDisk(inst.ID); err != nil {
-		errs = append(errs, fmt.Errorf("jail disk: %w", err))
-	}
-	if err := netns.Remove(p.netns); err != nil {
-		errs = append(errs, fmt.Errorf("network namespace: %w", err))
-	}
+	errs = append(errs, hostjail.Release(ctx, b.net, b.opts.Pool, inst.ID, []string{p.merged}, p.disk, p.netns)...)
 	return errors.Join(errs...)
 }
 
@@ -826,25 +780,7 @@ func (b *Backend) Status(ctx context.Context, inst backend.Instance) (backend.St
 
 // Stats implements backend.Backend.
 func (b *Backend) Stats(ctx context.Context, inst backend.Instance) (backend.Stats, error) {
-	p := b.paths(inst)
-	cs, err := cgroups.Read(p.cgroup)
-	if err != nil {
-		return backend.Stats{}, err
-	}
-	used, total, err := storage.Usage(p.disk)
-	if err != nil {
-		return backend.Stats{}, err
-	}
-	return backend.Stats{
-		MemoryBytes:      cs.MemoryBytes,
-		MemoryLimitBytes: cs.MemoryLimitBytes,
-		CPUTimeNs:        cs.CPUTimeNs,
-		Pids:             cs.Pids,
-		PidsLimit:        cs.PidsLimit,
-		OOMKills:         cs.OOMKills,
-		DiskUsedBytes:    used,
-		DiskLimitBytes:   total,
-	}, nil
+	return hostjail.CgroupOf(inst.ID).Stats(b.paths(inst).disk)
 }
 
 // IDShift implements backend.Layered.
@@ -873,26 +809,21 @@ func (b *Backend) InitDialer(inst backend.Instance) initclient.Dialer {
 // Observe implements backend.Observable: runc puts every process of the
 // jail in the cgroup v2 directory of the jail's cgroupsPath.
 func (b *Backend) Observe(inst backend.Instance, st backend.Status) (backend.Observed, error) {
-	p := b.paths(inst)
-	id, err := cgroups.ID(p.cgroup)
+	ob, err := hostjail.CgroupOf(inst.ID).Observed(b.paths(inst).merged, b.net.Interface(inst.ID))
 	if err != nil {
 		return backend.Observed{}, fmt.Errorf("jail %s: %w", inst.Name, err)
-	}
-	ob := backend.Observed{CgroupID: id, CgroupDir: cgroups.UnifiedDir(p.cgroup), Root: p.merged}
-	if v, ok := b.ifaces.Load(inst.ID); ok {
-		ob.NetInterface = v.(string)
 	}
 	return ob, nil
 }
 
 // Pids implements backend.Observable.
 func (b *Backend) Pids(inst backend.Instance) ([]int, error) {
-	return cgroups.Pids(b.paths(inst).cgroup)
+	return hostjail.CgroupOf(inst.ID).Pids()
 }
 
 // OOMKills implements backend.OOMReporter.
 func (b *Backend) OOMKills(inst backend.Instance) (uint64, error) {
-	return cgroups.OOMKills(b.paths(inst).cgroup)
+	return hostjail.CgroupOf(inst.ID).OOMKills()
 }
 
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
