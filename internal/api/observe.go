@@ -50,13 +50,9 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 		}
 		after = n
 	}
-	follow := true
-	if f := q.Get("follow"); f != "" {
-		v, err := strconv.ParseBool(f)
-		if err != nil {
-			return errdefs.Invalidf("follow: %q is not a boolean", f)
-		}
-		follow = v
+	follow, err := followParam(q)
+	if err != nil {
+		return err
 	}
 	histN, err := parseHistory(q.Get("history"))
 	if err != nil {

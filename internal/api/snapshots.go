@@ -3,7 +3,7 @@ package api
 import (
 	"context"
 	"net/http"
-	"strconv"
+	"net/url"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
@@ -20,16 +20,15 @@ type BranchList struct {
 }
 
 // textParam reads the optional boolean query parameter "text".
-func textParam(r *http.Request) (bool, error) {
-	v := r.URL.Query().Get("text")
-	if v == "" {
-		return false, nil
+func textParam(r *http.Request) (bool, error) { return boolParam(r.URL.Query(), "text") }
+
+// followParam reads the optional boolean query parameter "follow"
+// (default true).
+func followParam(q url.Values) (bool, error) {
+	if q.Get("follow") == "" {
+		return true, nil
 	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return false, errdefs.Invalidf("text: %q is not a boolean", v)
-	}
-	return b, nil
+	return boolParam(q, "follow")
 }
 
 func (s *server) createSnapshot(w http.ResponseWriter, r *http.Request) error {

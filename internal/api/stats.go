@@ -45,13 +45,9 @@ func (s *server) stats(w http.ResponseWriter, r *http.Request) error {
 		}
 		interval = d
 	}
-	follow := true
-	if f := q.Get("follow"); f != "" {
-		v, err := strconv.ParseBool(f)
-		if err != nil {
-			return errdefs.Invalidf("follow: %q is not a boolean", f)
-		}
-		follow = v
+	follow, err := followParam(q)
+	if err != nil {
+		return err
 	}
 	// The first sample is taken before the response begins, so a failing
 	// one is an ordinary error answer.

@@ -280,16 +280,26 @@ func (c *Console) whoami(r *http.Request, cred string) ([]byte, int) {
 	return body, rec.Code
 }
 
-func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+// guard answers a request under /console/ or /api/ that comes from
+// another origin (403) or without a session (401), and otherwise returns
+// the session. It sets the headers every such answer carries.
+func (c *Console) guard(w http.ResponseWriter, r *http.Request, unauthorized string) *session {
 	secureHeaders(w.Header())
 	w.Header().Set("Cache-Control", "no-store")
-	s := c.current(r)
 	if !sameOrigin(r) {
 		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused")
-		return
+		return nil
 	}
+	s := c.current(r)
 	if s == nil {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "not logged in")
+		writeError(w, http.StatusUnauthorized, "unauthorized", unauthorized)
+	}
+	return s
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	s := c.guard(w, r, "not logged in")
+	if s == nil {
 		return
 	}
 	if !s.checkCSRF(r.Header.Get(CSRFHeader)) {
@@ -304,15 +314,8 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) sessionInfo(w http.ResponseWriter, r *http.Request) {
-	secureHeaders(w.Header())
-	w.Header().Set("Cache-Control", "no-store")
-	if !sameOrigin(r) {
-		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused")
-		return
-	}
-	s := c.current(r)
+	s := c.guard(w, r, "not logged in")
 	if s == nil {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "not logged in")
 		return
 	}
 	writeJSON(w, http.StatusOK, SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires.UTC(), Whoami: s.whoami})
@@ -326,15 +329,8 @@ func safeMethod(m string) bool {
 // proxy hands a request under /api/ to the API with the session's
 // credential, after the checks a cookie needs.
 func (c *Console) proxy(w http.ResponseWriter, r *http.Request) {
-	secureHeaders(w.Header())
-	w.Header().Set("Cache-Control", "no-store")
-	if !sameOrigin(r) {
-		writeError(w, http.StatusForbidden, "forbidden", "cross-origin request refused")
-		return
-	}
-	s := c.current(r)
+	s := c.guard(w, r, "not logged in to the console (POST /console/login); API clients use the routes without /api and a bearer token")
 	if s == nil {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "not logged in to the console (POST /console/login); API clients use the routes without /api and a bearer token")
 		return
 	}
 	switch {
