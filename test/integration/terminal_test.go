@@ -289,9 +289,10 @@ func TestTerminalSlowClient(t *testing.T) {
 	elapsed := time.Since(start)
 	got, skipped := xsAndSkipped(t, fast.text())
 	// Skipped output may hold some of the few other bytes (the echo of
-	// "go", the END line): the account allows for them.
+	// "go", the END line, when the client was behind at the end): the
+	// account allows for them.
 	account := func(got, skipped int) bool { return got+skipped >= total && got+skipped <= total+32 }
-	if !account(got, skipped) || !strings.Contains(fast.text(), "END") {
+	if !account(got, skipped) {
 		t.Fatalf("the reading client got %d bytes and was told it skipped %d, of %d", got, skipped, total)
 	}
 	t.Logf("50 MB in %v while another client stalled; the reading client got %d bytes and skipped %d", elapsed, got, skipped)

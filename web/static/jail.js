@@ -33,6 +33,11 @@ export function mount(el, id, tab) {
       h('span', {class: 'status ' + jail.status, id: 'jail-status'}, jail.status),
       h('span', {class: 'spacer'}),
       jailActions(jail, refresh));
+    drawFacts();
+  }
+
+  // The facts follow every sample of the stats stream (age, usage).
+  function drawFacts() {
     const st = jail.stats;
     fill(facts, 
       h('dt', {}, 'id'), h('dd', {class: 'mono'}, jail.id),
@@ -58,7 +63,7 @@ export function mount(el, id, tab) {
   const statsES = stream('/stats?interval_ms=2000', {stats: (s) => {
     const j = s.jails.find(x => x.id === id || x.name === id);
     if (!j) { if (jail) head.querySelector('#jail-status').textContent = 'destroyed'; return; }
-    if (jail && (j.status !== jail.status)) { jail = j; drawHead(); } else if (jail) { jail = j; }
+    if (jail && (j.status !== jail.status)) { jail = j; drawHead(); } else if (jail) { jail = j; drawFacts(); }
   }});
 
   function select(t) {

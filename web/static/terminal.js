@@ -89,8 +89,9 @@ export function mount(el, jail) {
     const list = await listSessions();
     const saved = sessionStorage.getItem(key(jail.id));
     if (saved && list.some(s => s.id === saved)) attach(saved);
-    else if (jail.status === 'running') attach(null);
-    else status.textContent = 'the jail is not running';
+    else if (jail.status !== 'running') status.textContent = 'the jail is not running';
+    else if (list.length) status.textContent = 'attach to a running session, or start a new one';
+    else attach(null);
   })();
 
   return () => { close(); ro.disconnect(); term.dispose(); };
