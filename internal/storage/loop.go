@@ -25,6 +25,13 @@ const maxLoopAttempts = 64
 // LO_FLAGS_AUTOCLEAR: it is unbound when its last user (the returned
 // descriptor, or a mount made from it) goes away, so the caller mounts it
 // and then closes the descriptor; closing without mounting releases it.
+//
+// It also asks for direct I/O (LO_FLAGS_DIRECT_IO; the kernel falls back
+// to buffered I/O where the backing file cannot do it): without it, what a
+// jail writes is cached once by its filesystem, in its memory cgroup, and
+// again as the backing file's page cache (and a third time for the pool's
+// own image), outside any jail's limits, with the copies done by the
+// kernel's threads on the jail's behalf.
 func attachLoop(backing *os.File) (string, int, error) {
 	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -33,7 +40,7 @@ func attachLoop(backing *os.File) (string, int, error) {
 	defer unix.Close(ctl)
 
 	cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
-	cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+	cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
 	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], backing.Name())
 
 	loopMu.Lock()

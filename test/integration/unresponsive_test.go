@@ -37,15 +37,20 @@ except OSError as e:
 `
 
 // TestInitCannotBeTraced runs the real attack of issue 16 (ctypes
-// ptrace(PTRACE_ATTACH, 1)) as root and as the default user: every attempt
-// on init and its shims is refused, and the jail keeps answering.
+// ptrace(PTRACE_ATTACH, 1)) as root and as the default user, and as root in
+// a jail restored from a snapshot: every attempt on init and its shims is
+// refused, and the jail keeps answering.
 func TestInitCannotBeTraced(t *testing.T) {
 	d := shared(t)
 	j := d.createJail(t, nil)
 	// A command in flight keeps a shim busy; the idle pool holds others.
 	d.mustSh(t, j.ID, "true")
-	for _, user := range []string{"root", ""} {
-		res := d.exec(t, j.ID, execReq{Cmd: []string{"python3", "-c", ptraceAttack}, User: user, TimeoutMs: 30_000})
+	// A jail restored from a snapshot keeps the protection (CRIU restores
+	// the dumpable flag).
+	restored := d.restoreSnapshot(t, d.takeSnapshot(t, j.ID, "full").ID)
+	for _, tc := range []struct{ id, user string }{{j.ID, "root"}, {j.ID, ""}, {restored.ID, "root"}} {
+		id, user := tc.id, tc.user
+		res := d.exec(t, id, execReq{Cmd: []string{"python3", "-c", ptraceAttack}, User: user, TimeoutMs: 30_000})
 		if res.ExitCode != 0 {
 			t.Fatalf("attack as %q: %s", user, &res)
 		}
@@ -76,13 +81,13 @@ func TestInitCannotBeTraced(t *testing.T) {
 		}
 		// Init ignores the SIGSTOP (PID 1 of its namespace) and answers.
 		start := time.Now()
-		if out := d.mustSh(t, j.ID, "echo alive"); out != "alive\n" {
+		if out := d.mustSh(t, id, "echo alive"); out != "alive\n" {
 			t.Fatalf("after the attack: %q", out)
 		}
 		if took := time.Since(start); took > 2*time.Second {
 			t.Errorf("an exec after the attack took %v", took)
 		}
-		if got := d.getJail(t, j.ID); got.Status != "running" {
+		if got := d.getJail(t, id); got.Status != "running" {
 			t.Fatalf("after the attack the jail is %s (%s)", got.Status, got.Error)
 		}
 	}
