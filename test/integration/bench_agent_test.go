@@ -100,8 +100,13 @@ func BenchmarkAgentStart(b *testing.B) {
 		copied += n
 		d.destroy(b, j.ID)
 
-		// The reference: the same binary and home, on the host.
-		home, cwd := b.TempDir(), b.TempDir()
+		// The reference: the same binary and home, on the host, in a clone
+		// of the same repository (Claude Code inspects the repository at
+		// start, as it does in the jail).
+		home, cwd := b.TempDir(), filepath.Join(b.TempDir(), "clone")
+		if out, err := exec.Command("git", "clone", "-q", repo, cwd).CombinedOutput(); err != nil {
+			b.Fatalf("git clone: %v %s", err, out)
+		}
 		cfg := config.Config{Agent: &config.Agent{Name: "claude", Version: tool.Version}}
 		cfg.Isolation.Filesystem.WorkspaceRoot = cwd
 		files, err := agent.HomeFiles(&cfg, def)
