@@ -128,12 +128,13 @@ func Resolve(ctx context.Context, ws *config.Workspace) (*Source, error) {
 		if !st.IsDir() {
 			return nil, errdefs.Unprocessablef("workspace.repo: %s is not a directory", ws.Repo)
 		}
-		top, err := git(ctx, ws.Repo, "rev-parse", "--show-toplevel")
-		if err != nil {
+		if _, err := git(ctx, ws.Repo, "rev-parse", "--git-dir"); err != nil {
 			return nil, errdefs.Unprocessablef("workspace.repo: %s is not a git repository (git init it, or name a repository)", ws.Repo)
 		}
-		commit, err := git(ctx, ws.Repo, "rev-parse", "--verify", "--quiet", ref+"^{commit}")
-		if err != nil {
+		// One git for both: the top-level directory, then the commit.
+		out, err := git(ctx, ws.Repo, "rev-parse", "--show-toplevel", "--verify", "--quiet", ref+"^{commit}")
+		top, commit, _ := strings.Cut(out, "\n")
+		if err != nil || commit == "" {
 			if ws.Ref == "" {
 				return nil, errdefs.Unprocessablef("workspace.repo: %s has no commit yet (commit something first)", ws.Repo)
 			}
@@ -185,15 +186,13 @@ func Fill(ctx context.Context, src *Source, jailName, upper, workspaceRoot strin
 		// Objects are copied, never hard-linked into the host repository.
 		from = "file://" + src.HostRepo
 	}
-	if _, err := git(ctx, "", "clone", "--quiet", "--no-checkout", "--no-hardlinks", "--", from, staging); err != nil {
+	// The clone's own config names who commits in the jail.
+	if _, err := git(ctx, "", "clone", "--quiet", "--no-checkout", "--no-hardlinks", "--config", "user.name=agentjail",
+		"--config", "user.email="+jailName+"@agentjail.invalid", "--", from, staging); err != nil {
 		return errdefs.Unprocessablef("workspace: cloning %s: %v", redactURL(src.Repo), err)
 	}
 	branch := BranchPrefix + jailName
-	steps := [][]string{
-		{"checkout", "--quiet", "-B", branch, src.Commit},
-		{"config", "user.name", "agentjail"},
-		{"config", "user.email", jailName + "@agentjail.invalid"},
-	}
+	steps := [][]string{{"checkout", "--quiet", "-B", branch, src.Commit}}
 	if src.HostRepo == "" {
 		steps = append(steps, []string{"remote", "set-url", "origin", redactURL(src.Repo)})
 	} else {
