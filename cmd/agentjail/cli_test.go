@@ -397,3 +397,22 @@ func TestKeys(t *testing.T) {
 		t.Fatalf("keys ls after rm: %s", out)
 	}
 }
+
+// TestInfoVerb: info lists every level the daemon knows, what an
+// available one does and why a missing one is missing.
+func TestInfoVerb(t *testing.T) {
+	c := newCLI(t)
+	out := c.ok("info")
+	for _, want := range []string{
+		"agentjail test: ok", "container: available", "network modes:        isolated, none", "enforced limits:      memory, pids",
+		"process snapshots:    no (no CRIU here)", "gvisor: unavailable: gvisor: runsc not built; run make gvisor",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("info lacks %q:\n%s", want, out)
+		}
+	}
+	var h model.Health
+	if err := json.Unmarshal([]byte(c.ok("--json", "info")), &h); err != nil || len(h.Levels) != 2 || h.Levels[1].Available {
+		t.Errorf("info --json: %+v %v", h, err)
+	}
+}

@@ -60,7 +60,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 	root.AddCommand(
 		newServeCmd(g), newCreateCmd(g), newLsCmd(g), newInspectCmd(g), newStartCmd(g),
 		newStopCmd(g), newRmCmd(g), newExecCmd(g), newCpCmd(g), newRunCmd(g),
-		newTeardownCmd(g), newVersionCmd(g),
+		newTeardownCmd(g), newVersionCmd(g), newInfoCmd(g),
 		newEventsCmd(g), newReportCmd(g), newPsCmd(g), newChangesCmd(g), newNetworkCmd(g),
 		newAttachCmd(g), newTerminalsCmd(g), newRecordingsCmd(g), newReplayCmd(g),
 		newSnapshotCmd(g), newSnapshotsCmd(g), newRestoreCmd(g), newBranchCmd(g),
