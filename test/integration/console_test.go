@@ -311,6 +311,20 @@ func TestConsoleBrowser(t *testing.T) {
 		b.docShot("files")
 	})
 
+	t.Run("network-log", func(t *testing.T) {
+		b := &browser{t: t, ctx: b.ctx}
+		b.click("the network tab", "#tab-network")
+		// A name the jail's policy does not allow: refused, live in the log
+		// with its verdict.
+		d.shAs(t, j.ID, "", "curl -s -m 5 http://not-allowed.example/ || true")
+		b.waitJS("the refused lookup in the log", `[...document.querySelectorAll('#net-list .vrow:not([hidden])')].some(r =>
+			r.textContent.includes('not-allowed.example') && !!r.querySelector('.verdict.block'))`, 20*time.Second)
+		b.click("refused only", "#net-refused")
+		b.waitJS("only refused records", `(() => { const rows = [...document.querySelectorAll('#net-list .vrow:not([hidden])')];
+			return rows.length > 0 && rows.every(r => !!r.querySelector('.verdict.block')); })()`, 10*time.Second)
+		b.docShot("network")
+	})
+
 	t.Run("recording", func(t *testing.T) {
 		b := &browser{t: t, ctx: b.ctx}
 		// End the terminal session so its recording is complete.

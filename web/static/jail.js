@@ -60,7 +60,11 @@ export function mount(el, id, tab) {
   }
 
   // The jail's record follows the stats stream (state changes, usage).
-  const statsES = stream('/stats?interval_ms=2000', {stats: (s) => {
+  const live = document.getElementById('live');
+  const statsES = stream('/stats?interval_ms=2000', {
+    open: () => live.classList.add('on'),
+    error: () => live.classList.remove('on'),
+    stats: (s) => {
     const j = s.jails.find(x => x.id === id || x.name === id);
     if (!j) { if (jail) head.querySelector('#jail-status').textContent = 'destroyed'; return; }
     if (jail && (j.status !== jail.status)) { jail = j; drawHead(); } else if (jail) { jail = j; drawFacts(); }
