@@ -20,6 +20,8 @@ import (
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/landlock-lsm/go-landlock/landlock"
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/initproto"
 )
 
 // ReleaseFD is the descriptor (a pipe's read end) on which the process
@@ -55,16 +57,9 @@ type Rlimit struct {
 	Max      uint64 `json:"max"`
 }
 
-// Landlock lists what stays reachable; everything else is refused.
-type Landlock struct {
-	// ReadOnly and ReadWrite are directory trees (read includes execute).
-	ReadOnly  []string `json:"read_only,omitempty"`
-	ReadWrite []string `json:"read_write,omitempty"`
-	// ReadOnlyFiles and Devices are single files; Devices are read and
-	// written, ioctls included (terminals).
-	ReadOnlyFiles []string `json:"read_only_files,omitempty"`
-	Devices       []string `json:"devices,omitempty"`
-}
+// Landlock lists what stays reachable (shared with init, which applies
+// one more to the commands).
+type Landlock = initproto.Landlock
 
 // Main runs `agentjail confine SPEC` (args after "confine") and returns
 // only on failure, with the exit status; on success the process is the
@@ -134,7 +129,7 @@ func Run(spec Spec) error {
 		return fmt.Errorf("working directory: %w", err)
 	}
 	if spec.Landlock != nil {
-		if err := restrictFS(spec.Landlock); err != nil {
+		if err := RestrictFS(spec.Landlock); err != nil {
 			return err
 		}
 	}
@@ -159,10 +154,12 @@ func joinNetns(path string) error {
 	return nil
 }
 
-// restrictFS applies l with the Landlock ABI of this kernel (at least 6,
-// for the signal and abstract socket scopes): anything the kernel cannot
-// restrict is an error, not a silent gap.
-func restrictFS(l *Landlock) error {
+// RestrictFS applies l to the calling process (all its threads) with
+// Landlock ABI 6 (for the signal and abstract socket scopes): anything the
+// kernel cannot restrict is an error, not a silent gap. The process must
+// have no_new_privs set or CAP_SYS_ADMIN. Domains stack: a process
+// restricted again keeps only what both allow.
+func RestrictFS(l *Landlock) error {
 	cfg := landlock.V6
 	rules := []landlock.Rule{
 		landlock.RODirs(l.ReadOnly...),

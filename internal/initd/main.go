@@ -30,8 +30,9 @@
 // to the root's directory fd; the jail's blocked paths are checked on the
 // resolved path. Writes go to a temporary file renamed over the target.
 //
-// The package imports only the standard library (without net/http) and
-// golang.org/x/sys, so the init stays small; a test enforces it.
+// The package imports only the standard library (without net/http),
+// golang.org/x/sys and, for the shims' Landlock domain, internal/confine,
+// so the init stays small; a test enforces it.
 package initd
 
 import (
@@ -70,12 +71,14 @@ const shutdownGrace = 10 * time.Second
 // failure is written to the original stderr and returns 1.
 //
 // Flags: --control-dir DIR replaces ControlDir; --shim runs the
-// per-command shim (started by init itself, never by hand).
+// per-command shim (started by init itself, never by hand), confined by
+// --landlock JSON (an initproto.Landlock) when given.
 func Main(args []string) int {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	shim := fs.Bool("shim", false, "run as a command shim (internal)")
 	controlDir := fs.String("control-dir", initproto.ControlDir, "control directory")
+	landlock := fs.String("landlock", "", "the shim's Landlock domain, JSON (internal)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -84,7 +87,15 @@ func Main(args []string) int {
 		return 2
 	}
 	if *shim {
-		return runShim()
+		var ll *initproto.Landlock
+		if *landlock != "" {
+			ll = new(initproto.Landlock)
+			if err := json.Unmarshal([]byte(*landlock), ll); err != nil {
+				fmt.Fprintf(os.Stderr, "agentjail shim: --landlock: %v\n", err)
+				return 2
+			}
+		}
+		return runShim(ll)
 	}
 	if err := runInit(*controlDir); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail init: %v\n", err)

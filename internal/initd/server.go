@@ -3,6 +3,7 @@ package initd
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -89,6 +91,13 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if len(opts.ShimArgs) == 0 {
 		opts.ShimArgs = []string{"agentjail", "init", "--shim"}
+	}
+	if ll := opts.Config.CommandLandlock; ll != nil {
+		b, err := json.Marshal(ll)
+		if err != nil {
+			return nil, err
+		}
+		opts.ShimArgs = append(slices.Clone(opts.ShimArgs), "--landlock", string(b))
 	}
 	if opts.Log == nil {
 		opts.Log = log.New(os.Stderr, "agentjail init: ", log.LstdFlags|log.Lmicroseconds)

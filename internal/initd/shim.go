@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/confine"
+	"github.com/agentjail/agentjail/internal/initproto"
 )
 
 // The shim is a small root process between init and each command: init
@@ -96,7 +99,7 @@ const reapInterval = time.Second
 // blocking syscall would keep the Go runtime's monitor thread polling
 // every few tens of microseconds for as long as commands keep coming,
 // competing with the commands for the CPU.
-func runShim() int {
+func runShim(ll *initproto.Landlock) int {
 	// Nothing in the jail may trace the shim: it runs as root and holds
 	// init's end of the command. A shim traced before it could refuse
 	// exits; init starts another.
@@ -107,6 +110,14 @@ func runShim() int {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: set child subreaper: %v\n", err)
 		return 1
+	}
+	// The commands' own confinement, narrower than init's, before any
+	// command runs.
+	if ll != nil {
+		if err := confine.RestrictFS(ll); err != nil {
+			fmt.Fprintf(os.Stderr, "agentjail shim: %v\n", err)
+			return 1
+		}
 	}
 	// Nothing but stdio may leak into commands: not the control socket
 	// (a command could forge reports to init), nor anything the shim

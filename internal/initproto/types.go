@@ -30,6 +30,24 @@ type InitConfig struct {
 	// Home, when set, is the HOME of a user whose /etc/passwd entry names
 	// none (the process level runs as a host uid without an entry).
 	Home string `json:"home,omitempty"`
+	// CommandLandlock, when set, confines every command further than
+	// init: each shim restricts itself (and so the commands it starts) to
+	// these paths before running any (the process level keeps init's
+	// control directory, its log and the recordings out of the jail's
+	// reach this way).
+	CommandLandlock *Landlock `json:"command_landlock,omitempty"`
+}
+
+// Landlock lists the paths a Landlock domain leaves reachable; everything
+// else is refused.
+type Landlock struct {
+	// ReadOnly and ReadWrite are directory trees (read includes execute).
+	ReadOnly  []string `json:"read_only,omitempty"`
+	ReadWrite []string `json:"read_write,omitempty"`
+	// ReadOnlyFiles and Devices are single files; Devices are read and
+	// written, ioctls included (terminals).
+	ReadOnlyFiles []string `json:"read_only_files,omitempty"`
+	Devices       []string `json:"devices,omitempty"`
 }
 
 // ExecRequest starts a command (MsgExec).

@@ -380,6 +380,9 @@ func (b *Backend) writeControl(inst backend.Instance, uid int, netEnv map[string
 		Home:        p.home,
 		IdleShims:   idleShims(cfg.Isolation.Resources.PidsLimit),
 	}
+	if !b.unsafe {
+		ic.CommandLandlock = b.landlock(inst, false)
+	}
 	data, err := json.MarshalIndent(ic, "", "  ")
 	if err != nil {
 		return err
@@ -509,23 +512,10 @@ func (b *Backend) spawn(ctx context.Context, inst backend.Instance, uid int, cg 
 // confineSpec is what agentjail confine applies to the jail's init.
 func (b *Backend) confineSpec(inst backend.Instance, uid int, initArgs []string) confine.Spec {
 	p := b.paths(inst)
-	fs := inst.Config.Isolation.Filesystem
 	res := inst.Config.Isolation.Resources
-	ll := &confine.Landlock{
-		ReadOnly:      existing(systemDirs),
-		ReadWrite:     []string{p.workspace, p.home, p.tmp, p.control},
-		ReadOnlyFiles: []string{b.host.InitBinary},
-		Devices:       existing(devices),
-	}
-	for _, m := range fs.ReadOnlyMounts {
-		ll.ReadOnly = append(ll.ReadOnly, m.Source)
-	}
-	for _, m := range fs.ReadWriteMounts {
-		ll.ReadWrite = append(ll.ReadWrite, m.Source)
-	}
 	spec := confine.Spec{
 		Path: b.host.InitBinary, Argv: initArgs, Env: []string{"PATH=" + defaultPath}, Dir: p.workspace,
-		Netns: p.netns, UID: uid, GID: uid, Landlock: ll, Seccomp: true,
+		Netns: p.netns, UID: uid, GID: uid, Landlock: b.landlock(inst, true), Seccomp: true,
 		Rlimits: []confine.Rlimit{{Resource: unix.RLIMIT_NOFILE, Cur: res.NofileLimit, Max: res.NofileLimit}},
 	}
 	if res.AsLimit > 0 {
@@ -535,6 +525,31 @@ func (b *Backend) confineSpec(inst backend.Instance, uid int, initArgs []string)
 		spec.Rlimits = append(spec.Rlimits, confine.Rlimit{Resource: unix.RLIMIT_CORE, Cur: res.CoreLimit, Max: res.CoreLimit})
 	}
 	return spec
+}
+
+// landlock is the Landlock domain of the jail's init (forInit: with its
+// control directory and its binary, to re-execute as shims) or of its
+// commands (without: they cannot reach init's config, log or the
+// terminal recordings).
+func (b *Backend) landlock(inst backend.Instance, forInit bool) *confine.Landlock {
+	p := b.paths(inst)
+	fs := inst.Config.Isolation.Filesystem
+	ll := &confine.Landlock{
+		ReadOnly:  existing(systemDirs),
+		ReadWrite: []string{p.workspace, p.home, p.tmp},
+		Devices:   existing(devices),
+	}
+	if forInit {
+		ll.ReadWrite = append(ll.ReadWrite, p.control)
+		ll.ReadOnlyFiles = []string{b.host.InitBinary}
+	}
+	for _, m := range fs.ReadOnlyMounts {
+		ll.ReadOnly = append(ll.ReadOnly, m.Source)
+	}
+	for _, m := range fs.ReadWriteMounts {
+		ll.ReadWrite = append(ll.ReadWrite, m.Source)
+	}
+	return ll
 }
 
 // existing keeps the paths that exist on this host.
