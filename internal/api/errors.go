@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"syscall"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
@@ -44,13 +45,17 @@ var statusKinds = []struct {
 // HTTPStatus returns the HTTP status of err's kind: 400 ErrInvalid,
 // 422 ErrUnprocessable, 404 ErrNotFound, 409 ErrConflict, 403 ErrForbidden,
 // 401 ErrUnauthorized, 413 ErrTooLarge, 501 ErrNotImplemented,
-// 503 ErrUnavailable, 504 ErrTimeout and ErrUnresponsive, 507 ErrNoSpace,
-// and 500 for an error without a kind.
+// 503 ErrUnavailable, 504 ErrTimeout and ErrUnresponsive, 507 ErrNoSpace
+// (and an error without a kind that wraps ENOSPC: a full disk), and 500
+// for any other error without a kind.
 func HTTPStatus(err error) int {
 	for _, k := range statusKinds {
 		if errors.Is(err, k.kind) {
 			return k.status
 		}
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return http.StatusInsufficientStorage
 	}
 	return http.StatusInternalServerError
 }

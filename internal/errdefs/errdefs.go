@@ -8,6 +8,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // The error kinds. Each maps to one HTTP status in the API.
@@ -23,7 +24,7 @@ var (
 	ErrUnavailable    = errors.New("unavailable")      // 503: dependency missing or busy
 	ErrTimeout        = errors.New("timeout")          // 504
 	ErrUnresponsive   = errors.New("unresponsive")     // 504: a jail's init does not answer
-	ErrNoSpace        = errors.New("no space")         // 507: the data dir's disk is full
+	ErrNoSpace        = errors.New("no space")         // 507: the data dir's disk is full (so is an error wrapping ENOSPC)
 )
 
 // kindError carries a message and a kind, and optionally a cause.
@@ -83,12 +84,16 @@ func NotImplementedf(format string, args ...any) error {
 func Unavailablef(format string, args ...any) error { return New(ErrUnavailable, format, args...) }
 
 // Code returns the stable machine-readable code of err's kind, as used in the
-// API's {"error":{"code":...}} body ("internal" when err has no kind).
+// API's {"error":{"code":...}} body ("internal" when err has no kind). An
+// error without a kind that wraps ENOSPC is of kind ErrNoSpace.
 func Code(err error) string {
 	for _, k := range kinds {
 		if errors.Is(err, k.err) {
 			return k.code
 		}
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return "no_space"
 	}
 	return "internal"
 }

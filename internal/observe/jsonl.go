@@ -289,7 +289,7 @@ func (w *Writer) writeChunk(c chunk) {
 	w.diskLost[c.stream].Add(c.lines + c.carried)
 	w.lost.Add(c.lines)
 	w.failing[c.stream].Store(true)
-	w.setErr(fmt.Errorf("observe: write %s: %w", f.Name(), err))
+	w.setErr(fmt.Errorf("observe: %w", err))
 }
 
 // setErr records the latest write error.

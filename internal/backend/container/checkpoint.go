@@ -289,6 +289,10 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	if err != nil {
 		// CRIU thaws the jail whatever happened; make sure of the disk too.
 		_ = thawFS(p.disk)
+		if dir := fullDisk(opts.Dir, filepath.Dir(opts.DiskImage)); dir != "" {
+			// CRIU's log may not even have been written.
+			return backend.CheckpointResult{}, errdefs.Wrap(errdefs.ErrNoSpace, err, "checkpoint of jail %s failed; the jail keeps running: the disk of %s is full", inst.Name, dir)
+		}
 		return backend.CheckpointResult{}, dumpError(inst, filepath.Join(work, "dump.log"), err)
 	}
 	if err := sameSize(b.opts.Pool.DiskPath(inst.ID), opts.DiskImage); err != nil {
@@ -297,9 +301,48 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	if err := recordProcesses(filepath.Join(opts.Dir, processesRec), p.cgroup); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: %w", inst.Name, err)
 	}
+	if err := durable(opts.Dir, opts.DiskImage); err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: %w", inst.Name, err)
+	}
 	res := backend.CheckpointResult{Frozen: frozenTime(filepath.Join(work, "dump.log"))}
 	res.ProcessBytes, _ = dirSize(images)
 	return res, nil
+}
+
+// durable makes a checkpoint survive a power loss before the caller
+// records it as complete: the process images (one syncfs of their
+// filesystem, written by CRIU without fsync) and the disk copy (a reflink,
+// whose fsync logs its extents).
+func durable(dir, diskImage string) error {
+	for _, path := range []string{dir, diskImage} {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		if path == dir {
+			err = unix.Syncfs(int(f.Fd()))
+		} else {
+			err = f.Sync()
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// fullDisk returns the first of dirs whose filesystem is (almost) full,
+// or "".
+func fullDisk(dirs ...string) string {
+	const nearlyFull = 4 << 20
+	for _, d := range dirs {
+		var st unix.Statfs_t
+		if unix.Statfs(d, &st) == nil && st.Bavail*uint64(st.Bsize) < nearlyFull {
+			return d
+		}
+	}
+	return ""
 }
 
 // sameSize checks that copy exists with the size of src.
