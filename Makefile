@@ -71,12 +71,15 @@ bench: setup build
 ## SOAK_CYCLES create/exec/destroy cycles (make test runs 500), the leak
 ## inventory and the daemon's RSS and descriptors checked flat; and
 ## TestNoisyNeighbour (a jail's exec p99 beside a fork bomb, a memory hog,
-## a disk filler and fd exhaustion). Other long runs join SOAK_TESTS (a go
+## a disk filler and fd exhaustion); and TestCrash with CRASH_ROUNDS rounds
+## of daemon kills (make test runs 1). Other long runs join SOAK_TESTS (a go
 ## test -run pattern).
-SOAK_CYCLES ?= 10000
-SOAK_TESTS  ?= ^(TestSoak|TestNoisyNeighbour)$$
+SOAK_CYCLES  ?= 10000
+CRASH_ROUNDS ?= 20
+SOAK_TESTS   ?= ^(TestSoak|TestNoisyNeighbour|TestCrash)$$
 soak: setup build
-	AGENTJAIL_NOISY=1 AGENTJAIL_SOAK_CYCLES=$(SOAK_CYCLES) $(GO) test -count=1 -p 1 -timeout 0 -run '$(SOAK_TESTS)' -v ./test/integration/
+	AGENTJAIL_NOISY=1 AGENTJAIL_SOAK_CYCLES=$(SOAK_CYCLES) AGENTJAIL_CRASH_ROUNDS=$(CRASH_ROUNDS) \
+		$(GO) test -count=1 -p 1 -timeout 0 -run '$(SOAK_TESTS)' -v ./test/integration/
 
 ## web-vendor: copy the console's browser libraries (xterm.js, asciinema-player)
 ## from the npm packages pinned in web/package-lock.json into web/static/vendor
