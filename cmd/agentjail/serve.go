@@ -19,6 +19,7 @@ import (
 	"github.com/agentjail/agentjail/internal/agent"
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/apikey"
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/console"
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
@@ -241,7 +242,7 @@ func listenAndServe(ctx context.Context, h http.Handler, addr, dataDir string, l
 	defer ln.Close()
 	bound := ln.Addr().String()
 	addrPath := filepath.Join(dataDir, addrFile)
-	if err := writeFileAtomic(addrPath, []byte(bound+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteFile(addrPath, []byte(bound+"\n"), 0o644); err != nil {
 		return err
 	}
 	defer os.Remove(addrPath)
@@ -269,26 +270,6 @@ func listenAndServe(ctx context.Context, h http.Handler, addr, dataDir string, l
 	}
 	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serving: %w", err)
-	}
-	return nil
-}
-
-// writeFileAtomic replaces path with data: a reader sees the old content
-// or the new, never a part.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(data)
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr, os.Chmod(tmp.Name(), perm)); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/oci"
 	"github.com/agentjail/agentjail/internal/cgroups"
@@ -234,7 +235,7 @@ func (b *Backend) hookPath(name, script string) (string, error) {
 	if cur, err := os.ReadFile(p); err == nil && string(cur) == script {
 		return p, nil
 	}
-	if err := writeFileAtomic(p, []byte(script), 0o700); err != nil {
+	if err := atomicfile.WriteFile(p, []byte(script), 0o700); err != nil {
 		return "", fmt.Errorf("CRIU action script: %w", err)
 	}
 	return p, nil
@@ -983,7 +984,7 @@ func (b *Backend) pinInitBinary(snapDir, bundle string) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(cfgPath, out, 0o600)
+	return atomicfile.WriteFile(cfgPath, out, 0o600)
 }
 
 // jailInitBinary is the host path of the init binary the jail's bundle

@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/hostjail"
 	"github.com/agentjail/agentjail/internal/backend/oci"
@@ -440,7 +441,7 @@ func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string
 		return err
 	}
 	path := filepath.Join(p.control, initproto.ConfigName)
-	if err := writeFileAtomic(path, data, 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, data, 0o600); err != nil {
 		return err
 	}
 	if userns(inst.Config) {
@@ -824,24 +825,4 @@ func (b *Backend) Pids(inst backend.Instance) ([]int, error) {
 // OOMKills implements backend.OOMReporter.
 func (b *Backend) OOMKills(inst backend.Instance) (uint64, error) {
 	return hostjail.CgroupOf(inst.ID).OOMKills()
-}
-
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

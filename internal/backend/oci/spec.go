@@ -15,7 +15,6 @@ package oci
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -24,6 +23,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
@@ -424,38 +424,16 @@ func (o *SpecOptions) rlimits() []specs.POSIXRlimit {
 	return rl
 }
 
-// WriteBundle writes s as dir/config.json atomically (a temporary file in
-// dir, synced, then renamed), so that a reader never sees a partial spec.
-// dir must exist. On error no temporary file is left.
-func WriteBundle(dir string, s *specs.Spec) (err error) {
+// WriteBundle writes s as dir/config.json atomically and durably
+// (atomicfile), so that a reader never sees a partial spec. dir must
+// exist. On error no temporary file is left.
+func WriteBundle(dir string, s *specs.Spec) error {
 	data, err := json.MarshalIndent(s, "", "\t")
 	if err != nil {
 		return fmt.Errorf("bundle %s: encode config.json: %w", dir, err)
 	}
-	f, err := os.CreateTemp(dir, ".config.json-*")
-	if err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
 		return fmt.Errorf("bundle %s: %w", dir, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("bundle %s: write config.json: %w", dir, err)
-	}
-	if err = f.Chmod(0o600); err != nil {
-		return fmt.Errorf("bundle %s: chmod config.json: %w", dir, err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("bundle %s: sync config.json: %w", dir, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("bundle %s: close config.json: %w", dir, err)
-	}
-	if err = os.Rename(f.Name(), filepath.Join(dir, "config.json")); err != nil {
-		return fmt.Errorf("bundle %s: rename config.json: %w", dir, err)
 	}
 	return nil
 }
