@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"github.com/agentjail/agentjail/internal/apikey"
+	"github.com/agentjail/agentjail/internal/atomicfile"
 )
 
 // TokenFile is the name of the token file inside the data directory.
@@ -66,6 +67,9 @@ func EnsureToken(dataDir string) (string, error) {
 		if errors.Is(err, fs.ErrExist) {
 			return ReadToken(path)
 		}
+		return "", fmt.Errorf("api token: %w", err)
+	}
+	if err := atomicfile.SyncDir(dataDir); err != nil {
 		return "", fmt.Errorf("api token: %w", err)
 	}
 	return tok, nil

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 )
@@ -231,18 +232,7 @@ func (st *store) save(r record) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(st.dir, r.ID+".json")
-	f, err := os.CreateTemp(st.dir, "."+r.ID+"-*")
-	if err != nil {
-		return fmt.Errorf("e2b: %w", err)
-	}
-	_, werr := f.Write(data)
-	if err := errors.Join(werr, f.Close()); err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("e2b: %w", err)
-	}
-	if err := os.Rename(f.Name(), p); err != nil {
-		os.Remove(f.Name())
+	if err := atomicfile.WriteFile(filepath.Join(st.dir, r.ID+".json"), data, 0o600); err != nil {
 		return fmt.Errorf("e2b: %w", err)
 	}
 	return nil
@@ -511,7 +501,7 @@ func (s *Service) keepReport(ctx context.Context, id, jailID string) {
 	data, _ := json.Marshal(rep)
 	err = os.MkdirAll(filepath.Dir(p), 0o700)
 	if err == nil {
-		err = os.WriteFile(p, data, 0o600)
+		err = atomicfile.WriteFile(p, data, 0o600)
 	}
 	if err != nil {
 		s.log.Warn("keeping the report of an e2b sandbox's jail", "jail", jailID, "err", err)

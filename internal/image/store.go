@@ -29,6 +29,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/storage"
@@ -201,24 +202,8 @@ func (s *Store) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	tmp := s.indexPath() + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("image store: %w", err)
-	}
-	_, werr := f.Write(data)
-	if werr == nil {
-		werr = f.Sync()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, s.indexPath())
-	}
-	if werr != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("image store: save index: %w", werr)
+	if err := atomicfile.WriteFile(s.indexPath(), data, 0o600); err != nil {
+		return fmt.Errorf("image store: save index: %w", err)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/asciicast"
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/initproto"
 )
 
@@ -393,7 +394,7 @@ func (ss *ptySession) finishRecording() {
 	if err := ss.recFile.Close(); err != nil {
 		ss.srv.log.Printf("session %s: closing the recording: %v", ss.id, err)
 	}
-	if err := os.Rename(ss.recPath, strings.TrimSuffix(ss.recPath, ".part")); err != nil {
+	if err := atomicfile.Rename(ss.recPath, strings.TrimSuffix(ss.recPath, ".part")); err != nil {
 		ss.srv.log.Printf("session %s: completing the recording: %v", ss.id, err)
 	}
 	ss.rec, ss.recFile = nil, nil

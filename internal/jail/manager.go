@@ -22,6 +22,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
@@ -330,12 +331,7 @@ func installBinary(dataDir string) (string, error) {
 	if _, err := os.Stat(dst); err == nil {
 		return dst, nil
 	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o755); err != nil {
-		return "", fmt.Errorf("installing the init binary: %w", err)
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(dst, data, 0o755); err != nil {
 		return "", fmt.Errorf("installing the init binary: %w", err)
 	}
 	return dst, nil
@@ -386,15 +382,7 @@ func (m *Manager) persist(e *entry) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(e.dir, "jail.json")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.WriteFile(filepath.Join(e.dir, "jail.json"), data, 0o600)
 }
 
 // setState changes the record under its lock and persists it.

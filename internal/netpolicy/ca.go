@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/atomicfile"
 )
 
 // authority is the daemon's CA: it signs the leaf certificates the proxy
@@ -51,10 +53,10 @@ func loadOrCreateCA(dir string) (*authority, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("CA dir %s: %w", dir, err)
 		}
-		if err := writeAtomic(keyPath, keyPEM, 0o600); err != nil {
+		if err := atomicfile.WriteFile(keyPath, keyPEM, 0o600); err != nil {
 			return nil, err
 		}
-		if err := writeAtomic(certPath, certPEM, 0o644); err != nil {
+		if err := atomicfile.WriteFile(certPath, certPEM, 0o644); err != nil {
 			os.Remove(keyPath)
 			return nil, err
 		}
@@ -110,18 +112,6 @@ func newCA() (certPEM, keyPEM []byte, err error) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }
 
 // leaf returns a certificate for host signed by the CA.

@@ -27,6 +27,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/agentjail/agentjail/internal/asciicast"
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 )
@@ -93,16 +94,11 @@ func Finalize(raw, dir, rid, jailID, sessionID string) (_ *model.Recording, err 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("recordings directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".tmp-"+rid+"-*")
+	tmp, err := atomicfile.Create(filepath.Join(dir, rid+compressedExt), 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("recording %s: %w", rid, err)
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
+	defer tmp.Abort() // a no-op once committed
 	sum := sha256.New()
 	counted := &countWriter{w: io.MultiWriter(tmp, sum)}
 	enc, err := zstd.NewWriter(counted, zstd.WithEncoderLevel(zstd.SpeedFastest))
@@ -117,17 +113,11 @@ func Finalize(raw, dir, rid, jailID, sessionID string) (_ *model.Recording, err 
 	if err := enc.Close(); err != nil {
 		return nil, fmt.Errorf("recording %s: compressing: %w", rid, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return nil, fmt.Errorf("recording %s: %w", rid, err)
-	}
-	if err := tmp.Close(); err != nil {
+	if err := tmp.Commit(); err != nil {
 		return nil, fmt.Errorf("recording %s: %w", rid, err)
 	}
 	rec.Status, rec.Size, rec.CompressedSize = model.RecordingComplete, n, counted.n
 	rec.SHA256 = hex.EncodeToString(sum.Sum(nil))
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, rid+compressedExt)); err != nil {
-		return nil, fmt.Errorf("recording %s: %w", rid, err)
-	}
 	if err := writeMeta(dir, rec); err != nil {
 		return nil, err
 	}
@@ -154,13 +144,7 @@ func writeMeta(dir string, rec *model.Recording) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(dir, rec.ID+metaExt)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("recording %s: metadata: %w", rec.ID, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(filepath.Join(dir, rec.ID+metaExt), append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("recording %s: metadata: %w", rec.ID, err)
 	}
 	return nil

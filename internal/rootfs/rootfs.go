@@ -26,6 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
 
@@ -187,7 +188,7 @@ func EnsureHost(dataDir string) (string, error) {
 		}
 		keep = true
 	}
-	if err := writeAtomic(recipeFile, []byte(key)); err != nil {
+	if err := atomicfile.WriteFile(recipeFile, []byte(key), 0o600); err != nil {
 		return "", fmt.Errorf("rootfs: %w", err)
 	}
 	return dst, nil
@@ -204,19 +205,6 @@ func lockFile(path string) (func(), error) {
 		return nil, fmt.Errorf("rootfs: lock %s: %w", path, err)
 	}
 	return func() { f.Close() }, nil
-}
-
-// writeAtomic replaces path with data.
-func writeAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
 }
 
 // recipeKey digests what the host tree is built from: the recipe version,

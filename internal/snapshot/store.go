@@ -23,6 +23,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 )
@@ -139,13 +140,7 @@ func (s *Store) Save(snap *model.Snapshot) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(s.Dir(snap.ID), metadataName)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("snapshot %s: %w", snap.ID, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(filepath.Join(s.Dir(snap.ID), metadataName), data, 0o600); err != nil {
 		return fmt.Errorf("snapshot %s: %w", snap.ID, err)
 	}
 	return nil

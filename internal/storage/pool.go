@@ -31,6 +31,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
 
@@ -176,7 +177,7 @@ func makePoolImage(img string, size int64) error {
 		os.Remove(tmp)
 		return fmt.Errorf("storage pool image: mkfs.btrfs %s: %w: %s", tmp, err, strings.TrimSpace(string(out)))
 	}
-	if err := os.Rename(tmp, img); err != nil {
+	if err := atomicfile.Rename(tmp, img); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("storage pool image: %w", err)
 	}
@@ -273,7 +274,7 @@ func (p *Pool) template(size int64) (string, error) {
 		os.Remove(tmp)
 		return "", fmt.Errorf("disk template of %d bytes: mkfs.xfs: %w: %s", size, err, strings.TrimSpace(string(out)))
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := atomicfile.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
 		return "", fmt.Errorf("disk template of %d bytes: %w", size, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
@@ -91,11 +92,7 @@ func (s *Syncer) save(id string, st state) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.dir, id+".json.tmp")
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(s.dir, id+".json"))
+	return atomicfile.WriteFile(filepath.Join(s.dir, id+".json"), data, 0o600)
 }
 
 // Forget drops a destroyed jail's state.
