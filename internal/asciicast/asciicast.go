@@ -19,7 +19,8 @@ import (
 	"io"
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/agentjail/agentjail/internal/jsonstr"
 )
 
 // Version is the asciicast format version written and accepted.
@@ -109,7 +110,7 @@ func (w *Writer) write(at time.Time, code string, p []byte) error {
 	l = append(l, ", \""...)
 	l = append(l, code...)
 	l = append(l, "\", "...)
-	l = AppendString(l, p)
+	l = jsonstr.Append(l, p)
 	l = append(l, "]\n"...)
 	w.line = l[:0]
 	_, err := w.w.Write(l)
@@ -157,51 +158,6 @@ func incompleteTail(p []byte) int {
 		}
 	}
 	return 0
-}
-
-const hexDigits = "0123456789abcdef"
-
-// AppendString appends p as a JSON string literal to dst; invalid UTF-8
-// becomes U+FFFD.
-func AppendString(dst, p []byte) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(p); {
-		c := p[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, p[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRune(p[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, p[start:i]...)
-			dst = append(dst, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	dst = append(dst, p[start:]...)
-	return append(dst, '"')
 }
 
 // Event is one event of a recording.

@@ -2,7 +2,6 @@ package asciicast
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"testing"
 	"time"
@@ -57,16 +56,6 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if _, err := rd.Next(); err != io.EOF {
 		t.Fatalf("after the last event: %v", err)
-	}
-}
-
-func TestAppendStringMatchesJSON(t *testing.T) {
-	for _, s := range []string{"", "plain", "\x00\x01\x1f\x7f", "tab\tnl\n", "ünïcødé ✓ 🙂", "<>&"} {
-		got := AppendString(nil, []byte(s))
-		var back string
-		if err := json.Unmarshal(got, &back); err != nil || back != s {
-			t.Errorf("%q: encoded %s decodes to %q (%v)", s, got, back, err)
-		}
 	}
 }
 

@@ -13,9 +13,9 @@ package observe
 import (
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/jsonstr"
 )
 
 // JailKey names the jail an event stream belongs to (the jail id).
@@ -253,7 +253,7 @@ func (e *Event) AppendJSON(b []byte) []byte {
 				if i > 0 {
 					b = append(b, ',')
 				}
-				b = appendString(b, a)
+				b = jsonstr.Append(b, a)
 			}
 			b = append(b, ']')
 			if e.ArgvTruncated {
@@ -315,7 +315,7 @@ func appendStringField(b []byte, name, v string) []byte {
 	b = append(b, ',', '"')
 	b = append(b, name...)
 	b = append(b, '"', ':')
-	return appendString(b, v)
+	return jsonstr.Append(b, v)
 }
 
 func appendOptString(b []byte, name, v string) []byte {
@@ -323,50 +323,6 @@ func appendOptString(b []byte, name, v string) []byte {
 		return b
 	}
 	return appendStringField(b, name, v)
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // SyscallName returns the x86_64 name of syscall nr, or "" when unknown.
@@ -414,7 +370,7 @@ func (e *Event) appendPolicy(b []byte) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, a)
+			b = jsonstr.Append(b, a)
 		}
 		b = append(b, ']')
 	}
@@ -425,7 +381,7 @@ func (e *Event) appendPolicy(b []byte) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, c)
+			b = jsonstr.Append(b, c)
 		}
 		b = append(b, ']')
 	}
