@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/accounts"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
@@ -476,22 +476,8 @@ func jailUser(cfg *config.Config) (workspace.Owner, string) {
 func passwdUser(lower string, cfg *config.Config) (workspace.Owner, string) {
 	o, home := jailUser(cfg)
 	user := cfg.Isolation.Process.User
-	f, err := os.Open(filepath.Join(lower, "etc", "passwd"))
-	if err != nil {
-		return o, home
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fl := strings.Split(sc.Text(), ":")
-		if len(fl) < 6 || (fl[0] != user && fl[2] != user) {
-			continue
-		}
-		uid, err1 := strconv.Atoi(fl[2])
-		gid, err2 := strconv.Atoi(fl[3])
-		if err1 == nil && err2 == nil {
-			return workspace.Owner{UID: uid, GID: gid}, fl[5]
-		}
+	if u, ok := accounts.Find(lower, user); ok {
+		return workspace.Owner{UID: u.Uid, GID: u.Gid}, u.Home
 	}
 	return o, home
 }

@@ -1,12 +1,13 @@
 package initd
 
 import (
-	"bufio"
 	"bytes"
 	"slices"
 	"strconv"
-	"strings"
 
+	"github.com/moby/sys/user"
+
+	"github.com/agentjail/agentjail/internal/accounts"
 	"github.com/agentjail/agentjail/internal/initproto"
 )
 
@@ -46,18 +47,17 @@ func (r *fsRoot) lookupUser(spec, group string) (*identity, error) {
 		id.GID = gid
 	}
 	id.Groups = []int{id.GID}
-	forEachLine(groups, func(f []string) {
-		if len(f) < 4 {
-			return
-		}
-		gid, err := strconv.Atoi(f[2])
-		if err != nil || slices.Contains(id.Groups, gid) {
-			return
-		}
-		if slices.Contains(strings.Split(f[3], ","), id.Name) {
-			id.Groups = append(id.Groups, gid)
-		}
+	member, err := accounts.Groups(bytes.NewReader(groups), func(g user.Group) bool {
+		return slices.Contains(g.List, id.Name)
 	})
+	if err != nil {
+		return nil, newError(initproto.KindInvalid, "", "the jail's /etc/group: %v", err)
+	}
+	for _, g := range member {
+		if !slices.Contains(id.Groups, g.Gid) {
+			id.Groups = append(id.Groups, g.Gid)
+		}
+	}
 	return id, nil
 }
 
@@ -81,20 +81,17 @@ func findUser(passwd []byte, spec string) (*identity, error) {
 	if numeric && uid < 0 {
 		return nil, newError(initproto.KindInvalid, "", "user %q is not a valid uid", spec)
 	}
-	var found *identity
-	forEachLine(passwd, func(f []string) {
-		if found != nil || len(f) < 7 {
-			return
-		}
-		u, err1 := strconv.Atoi(f[2])
-		g, err2 := strconv.Atoi(f[3])
-		if err1 != nil || err2 != nil {
-			return
-		}
-		if (numeric && u == uid) || (!numeric && f[0] == spec) {
-			found = &identity{Name: f[0], UID: u, GID: g, Home: f[5], Shell: f[6]}
-		}
+	users, err := accounts.Users(bytes.NewReader(passwd), func(u user.User) bool {
+		return (numeric && u.Uid == uid) || (!numeric && u.Name == spec)
 	})
+	if err != nil {
+		return nil, newError(initproto.KindInvalid, "", "the jail's /etc/passwd: %v", err)
+	}
+	var found *identity
+	if len(users) > 0 {
+		u := users[0]
+		found = &identity{Name: u.Name, UID: u.Uid, GID: u.Gid, Home: u.Home, Shell: u.Shell}
+	}
 	switch {
 	case found != nil:
 		return found, nil
@@ -114,30 +111,12 @@ func findGroup(groups []byte, spec string) (int, error) {
 		}
 		return gid, nil
 	}
-	gid := -1
-	forEachLine(groups, func(f []string) {
-		if gid < 0 && len(f) >= 3 && f[0] == spec {
-			if g, err := strconv.Atoi(f[2]); err == nil {
-				gid = g
-			}
-		}
-	})
-	if gid < 0 {
+	found, err := accounts.Groups(bytes.NewReader(groups), func(g user.Group) bool { return g.Name == spec })
+	if err != nil {
+		return 0, newError(initproto.KindInvalid, "", "the jail's /etc/group: %v", err)
+	}
+	if len(found) == 0 {
 		return 0, newError(initproto.KindInvalid, "", "group %q does not exist in the jail", spec)
 	}
-	return gid, nil
-}
-
-// forEachLine calls fn with the colon-separated fields of every
-// non-comment line of an account file.
-func forEachLine(data []byte, fn func([]string)) {
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		fn(strings.Split(line, ":"))
-	}
+	return found[0].Gid, nil
 }

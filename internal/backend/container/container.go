@@ -5,7 +5,6 @@
 package container
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -23,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/accounts"
 	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/hostjail"
@@ -347,20 +347,11 @@ func checkHostInputs(cfg *config.Config, lower string) error {
 	return nil
 }
 
-// homeOf returns the home directory of user in lower/etc/passwd ("" when
-// it has no entry).
+// homeOf returns the home directory of user (a name or a uid) in
+// lower/etc/passwd ("" when it has no entry).
 func homeOf(lower, user string) string {
-	f, err := os.Open(filepath.Join(lower, "etc", "passwd"))
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Split(sc.Text(), ":")
-		if len(fields) >= 6 && (fields[0] == user || fields[2] == user) {
-			return fields[5]
-		}
+	if u, ok := accounts.Find(lower, user); ok {
+		return u.Home
 	}
 	return ""
 }
@@ -371,21 +362,8 @@ func lookupUser(lower, user string) (uid, gid int, ok bool) {
 	if n, err := strconv.Atoi(user); err == nil {
 		return n, n, true
 	}
-	f, err := os.Open(filepath.Join(lower, "etc", "passwd"))
-	if err != nil {
-		return 1000, 1000, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Split(sc.Text(), ":")
-		if len(fields) >= 4 && fields[0] == user {
-			uid, err1 := strconv.Atoi(fields[2])
-			gid, err2 := strconv.Atoi(fields[3])
-			if err1 == nil && err2 == nil {
-				return uid, gid, true
-			}
-		}
+	if u, ok := accounts.Find(lower, user); ok {
+		return u.Uid, u.Gid, true
 	}
 	return 1000, 1000, false
 }

@@ -41,7 +41,7 @@ func TestUsersOfTheLowerTree(t *testing.T) {
 		{"agent", 1000, 1001, true, "/home/agent"},
 		{"root", 0, 0, true, "/root"},
 		{"4242", 4242, 4242, true, ""},
-		{"bad", 1000, 1000, false, "/"},
+		{"bad", 1000, 1000, false, ""}, // a malformed entry is passed over
 		{"ghost", 1000, 1000, false, ""},
 	} {
 		uid, gid, ok := lookupUser(lower, c.user)
