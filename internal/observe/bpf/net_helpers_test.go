@@ -264,7 +264,14 @@ type helperJob struct {
 	Netns      string
 	Send, Recv int64 // transfer sizes (payload bytes)
 	DNS        bool  // also query dnsName over UDP and TCP
+	// Pause makes the transfer stop after half of Send, print pausedTag
+	// and wait for a line on stdin before it goes on.
+	Pause bool
 }
+
+// pausedTag is the line a pausing helper prints half-way through its
+// transfer.
+const pausedTag = "HELPER-PAUSED"
 
 // helperResult is what the helper reports: the local address of each of
 // its connections.
@@ -303,7 +310,7 @@ func TestNetHelper(t *testing.T) {
 	res := helperResult{Pid: os.Getpid()}
 	if job.Send > 0 || job.Recv > 0 {
 		start := time.Now()
-		if res.Xfer, res.XferReceived, err = transfer(job.Send, job.Recv); err != nil {
+		if res.Xfer, res.XferReceived, err = transfer(job.Send, job.Recv, job.Pause); err != nil {
 			t.Fatal(err)
 		}
 		res.XferNS = int64(time.Since(start))
@@ -320,7 +327,7 @@ func TestNetHelper(t *testing.T) {
 	fmt.Println(helperTag + string(b))
 }
 
-func transfer(send, recv int64) (string, int64, error) {
+func transfer(send, recv int64, pause bool) (string, int64, error) {
 	c, err := net.DialTCP("tcp4", nil, net.TCPAddrFromAddrPort(netip.AddrPortFrom(serverAddr, xferPort)))
 	if err != nil {
 		return "", 0, err
@@ -332,7 +339,21 @@ func transfer(send, recv int64) (string, int64, error) {
 	if _, err := c.Write(hdr[:]); err != nil {
 		return "", 0, err
 	}
-	if _, err := io.CopyN(c, zeroReader{}, send); err != nil {
+	first := send
+	if pause {
+		first = send / 2
+	}
+	if _, err := io.CopyN(c, zeroReader{}, first); err != nil {
+		return "", 0, err
+	}
+	if pause {
+		fmt.Println(pausedTag)
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			return "", 0, fmt.Errorf("waiting to go on: %w", err)
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	if _, err := io.CopyN(c, zeroReader{}, send-first); err != nil {
 		return "", 0, err
 	}
 	if err := c.CloseWrite(); err != nil {
@@ -423,6 +444,14 @@ func queryTCP() (string, []string, error) {
 // and returns its result.
 func runHelper(t testing.TB, cg *testCgroup, job helperJob) helperResult {
 	t.Helper()
+	return runPausingHelper(t, cg, job, nil)
+}
+
+// runPausingHelper runs the helper like runHelper; with job.Pause it calls
+// paused once the helper has stopped half-way and lets it go on when paused
+// returns.
+func runPausingHelper(t testing.TB, cg *testCgroup, job helperJob, paused func()) helperResult {
+	t.Helper()
 	spec, _ := json.Marshal(job)
 	args := []string{"-test.run=^TestNetHelper$", "-test.v"}
 	var cmd *exec.Cmd
@@ -432,7 +461,13 @@ func runHelper(t testing.TB, cg *testCgroup, job helperJob) helperResult {
 		cmd = exec.Command(os.Args[0], args...)
 	}
 	cmd.Env = append(os.Environ(), helperEnv+"="+string(spec))
-	out, err := cmd.CombinedOutput()
+	var out []byte
+	var err error
+	if job.Pause {
+		out, err = runPaused(cmd, paused)
+	} else {
+		out, err = cmd.CombinedOutput()
+	}
 	if err != nil {
 		t.Fatalf("helper: %v\n%s", err, out)
 	}
@@ -451,6 +486,41 @@ func runHelper(t testing.TB, cg *testCgroup, job helperJob) helperResult {
 	}
 	t.Fatalf("helper printed no result:\n%s", out)
 	return helperResult{}
+}
+
+// runPaused runs cmd, calls paused when it prints pausedTag, then tells it
+// to go on; it returns everything cmd printed.
+func runPaused(cmd *exec.Cmd, paused func()) ([]byte, error) {
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	waited := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		pw.Close()
+		waited <- err
+	}()
+	var out bytes.Buffer
+	br := bufio.NewReader(pr)
+	for {
+		line, rerr := br.ReadString('\n')
+		out.WriteString(line)
+		if strings.TrimSpace(line) == pausedTag {
+			paused()
+			fmt.Fprintln(stdin, "go on")
+		}
+		if rerr != nil {
+			break
+		}
+	}
+	stdin.Close()
+	return out.Bytes(), <-waited
 }
 
 // netCollector is a Sink keeping copies of every event, with a condition

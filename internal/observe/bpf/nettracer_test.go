@@ -436,11 +436,23 @@ func TestNetUpdatesSumToTotals(t *testing.T) {
 	if err := nt.WatchNet(cg.path, "test", col); err != nil {
 		t.Fatal(err)
 	}
-	in := runHelper(t, cg, helperJob{Netns: n.jailNS, Send: 40_000_000, Recv: 40_000_000})
+	// The transfer stops half-way until an interim record of it is out,
+	// however fast the link is.
+	dst := serverAddr.String() + ":9000"
+	in := runPausingHelper(t, cg, helperJob{Netns: n.jailNS, Send: 40_000_000, Recv: 40_000_000, Pause: true}, func() {
+		col.waitFor(t, "an interim record of the paused transfer", func(evs []observe.Event) bool {
+			for _, ev := range evs {
+				if ev.Type == observe.TypeNet && ev.Dst == dst && ev.Op == netcap.OpUpdate {
+					return true
+				}
+			}
+			return false
+		})
+	})
 	if err := nt.UnwatchNet(cg.path); err != nil {
 		t.Fatal(err)
 	}
-	f := flowTotals(col.snapshot())[flowID{"tcp", in.Xfer, serverAddr.String() + ":9000"}]
+	f := flowTotals(col.snapshot())[flowID{"tcp", in.Xfer, dst}]
 	if f == nil {
 		t.Fatal("no records of the transfer")
 	}
