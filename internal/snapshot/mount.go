@@ -3,7 +3,6 @@ package snapshot
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -23,10 +22,9 @@ func MountImage(img, parent string) (string, func() error, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("mount %s: %w", img, err)
 	}
-	out, err := exec.Command("mount", "-t", "xfs", "-o", "loop,ro,norecovery,nouuid,nodev,nosuid,noexec", img, dir).CombinedOutput()
-	if err != nil {
+	if err := storage.MountReadOnly(img, dir, "xfs", "norecovery,nouuid"); err != nil {
 		os.Remove(dir)
-		return "", nil, fmt.Errorf("mount %s read-only: %v: %s", img, err, strings.TrimSpace(string(out)))
+		return "", nil, err
 	}
 	release := func() error {
 		if err := storage.Unmount(dir); err != nil {

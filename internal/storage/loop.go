@@ -32,7 +32,10 @@ const maxLoopAttempts = 64
 // again as the backing file's page cache (and a third time for the pool's
 // own image), outside any jail's limits, with the copies done by the
 // kernel's threads on the jail's behalf.
-func attachLoop(backing *os.File) (string, int, error) {
+//
+// readOnly binds the device read-only (LO_FLAGS_READ_ONLY): nothing
+// written through it reaches backing.
+func attachLoop(backing *os.File, readOnly bool) (string, int, error) {
 	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", -1, fmt.Errorf("open /dev/loop-control: %w", err)
@@ -41,6 +44,9 @@ func attachLoop(backing *os.File) (string, int, error) {
 
 	cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
 	cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+	if readOnly {
+		cfg.Info.Flags |= unix.LO_FLAGS_READ_ONLY
+	}
 	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], backing.Name())
 
 	loopMu.Lock()

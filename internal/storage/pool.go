@@ -150,7 +150,7 @@ func mountPool(img string, size int64, dir string) error {
 		return fmt.Errorf("storage pool image: %w", err)
 	}
 	defer f.Close()
-	dev, fd, err := attachLoop(f)
+	dev, fd, err := attachLoop(f, false)
 	if err != nil {
 		return fmt.Errorf("storage pool: %w", err)
 	}
@@ -583,13 +583,35 @@ func (p *Pool) newDisk(img string, size int64, mnt string) (err error) {
 // mountImage binds the open XFS image f to a loop device and mounts it at mnt.
 // The mount holds the device; the device is released with the mount.
 func mountImage(f *os.File, mnt string) error {
-	dev, fd, err := attachLoop(f)
+	dev, fd, err := attachLoop(f, false)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
 	if err := unix.Mount(dev, mnt, "xfs", diskMountFlags, diskMountData); err != nil {
 		return fmt.Errorf("mount %s (%s) at %s: %w", dev, f.Name(), mnt, err)
+	}
+	return nil
+}
+
+// MountReadOnly mounts the filesystem image img (of type fstype, with the
+// filesystem's options data) read-only, without devices, setuid programs or
+// exec, at the existing directory dir, through a loop device bound
+// read-only. The device goes with the mount (Unmount releases both).
+func MountReadOnly(img, dir, fstype, data string) error {
+	f, err := os.Open(img)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", img, err)
+	}
+	defer f.Close()
+	dev, fd, err := attachLoop(f, true)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", img, err)
+	}
+	defer unix.Close(fd)
+	flags := uintptr(unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID | unix.MS_NOEXEC)
+	if err := unix.Mount(dev, dir, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s (%s) read-only at %s: %w", dev, img, dir, err)
 	}
 	return nil
 }

@@ -1,8 +1,10 @@
 package storage
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -583,4 +585,67 @@ func TestMountOverlayManyLowers(t *testing.T) {
 	if ents, _ := os.ReadDir(view); len(ents) != 2 {
 		t.Fatalf("read-only view: %d entries", len(ents))
 	}
+}
+
+// TestMountReadOnly mounts a disk image as snapshots are read: the files
+// are there, nothing can be written, the loop device itself is read-only,
+// the image is unchanged and the device goes with the unmount.
+func TestMountReadOnly(t *testing.T) {
+	p, dataDir := openTestPool(t, testDiskSize, 0)
+	mnt := filepath.Join(dataDir, "jails", "a", "rootfs")
+	if err := p.CreateDisk("a", testDiskSize, mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "kept"), []byte("snapshot data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := UnmountDisk(mnt); err != nil {
+		t.Fatal(err)
+	}
+	img := p.DiskPath("a")
+	before := fileSum(t, img)
+	dir := t.TempDir()
+	if err := MountReadOnly(img, dir, "xfs", "norecovery,nouuid"); err != nil {
+		t.Fatal(err)
+	}
+	unmounted := false
+	defer func() {
+		if !unmounted {
+			Unmount(dir)
+		}
+	}()
+	if got, err := os.ReadFile(filepath.Join(dir, "kept")); err != nil || string(got) != "snapshot data" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "new"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("writing into the read-only mount: %v, want EROFS", err)
+	}
+	devs, err := LoopDevicesFor(img)
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("loop devices of the image: %v %v", devs, err)
+	}
+	ro, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(devs[0]), "ro"))
+	if err != nil || strings.TrimSpace(string(ro)) != "1" {
+		t.Fatalf("%s read-only flag %q, %v", devs[0], ro, err)
+	}
+	if err := Unmount(dir); err != nil {
+		t.Fatal(err)
+	}
+	unmounted = true
+	waitNoLoops(t, img)
+	if after := fileSum(t, img); after != before {
+		t.Fatal("the image changed under a read-only mount")
+	}
+	if err := MountReadOnly(filepath.Join(dataDir, "missing.img"), dir, "xfs", ""); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a missing image: %v", err)
+	}
+}
+
+func fileSum(t *testing.T, path string) [32]byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(data)
 }
