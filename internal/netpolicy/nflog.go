@@ -1,201 +1,132 @@
 package netpolicy
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
-	"syscall"
-	"time"
 
+	"github.com/florianl/go-nflog/v2"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// The nfnetlink_log protocol (linux/netfilter/nfnetlink_log.h), which
-// x/sys/unix does not define.
-const (
-	nfnlSubsysULOG    = 4
-	nfulnlMsgPacket   = 0
-	nfulnlMsgConfig   = 1
-	nfulaCfgCmd       = 1
-	nfulaCfgMode      = 2
-	nfulaCfgQThresh   = 5
-	nfulnlCfgCmdBind  = 1
-	nfulnlCopyPacket  = 2
-	nfulaPayload      = 9
-	nfulaPrefix       = 10
-	nflogCopyRange    = 64
-	nflogRecvDeadline = 200 * time.Millisecond
-)
+// nflogCopyRange is how many bytes of each logged packet the kernel
+// copies: the IPv4 header and the ports.
+const nflogCopyRange = 64
 
-// nflogReader turns the kernel's log of the manager's rules into
-// connection records.
+// nflogReader turns the kernel's log of the manager's rules
+// (nfnetlink_log, read with github.com/florianl/go-nflog) into connection
+// records.
 type nflogReader struct {
-	fd   int
-	stop chan struct{}
-	done sync.WaitGroup
-	once sync.Once
+	nf     *nflog.Nflog
+	cancel context.CancelFunc
+	// mu is held for reading while a packet is recorded; Close takes it to
+	// mark the reader closed, so that no record is made after Close.
+	mu     sync.RWMutex
+	closed bool
+	once   sync.Once
 }
 
+// Close stops reading and releases the socket; no record is made after it
+// returns.
 func (r *nflogReader) Close() error {
 	r.once.Do(func() {
-		close(r.stop)
-		r.done.Wait()
-		unix.Close(r.fd)
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		r.cancel()
+		r.nf.Close()
 	})
 	return nil
 }
 
-func nlAttr(typ uint16, data []byte) []byte {
-	b := binary.NativeEndian.AppendUint16(nil, uint16(4+len(data)))
-	b = binary.NativeEndian.AppendUint16(b, typ)
-	b = append(b, data...)
-	for len(b)%4 != 0 {
-		b = append(b, 0)
+// startNflog binds the manager's nflog group. The group derives from the
+// prefix; another daemon (another prefix) may hold it already: the kernel
+// refuses the bind with EPERM, and the next free group of the range is
+// taken.
+func (m *Manager) startNflog() (*nflogReader, error) {
+	base := m.group
+	for try := uint16(0); try < 256; try++ {
+		m.group = base&0xff00 | (base+try)&0xff
+		r, err := m.bindNflog(m.group)
+		if err == nil {
+			return r, nil
+		}
+		if !groupTaken(err) {
+			return nil, fmt.Errorf("nflog group %d: %w", m.group, err)
+		}
 	}
-	return b
+	return nil, fmt.Errorf("nflog: every group of 0x%04x..0x%04x is taken", base&0xff00, base|0xff)
 }
 
-// startNflog binds the manager's nflog group.
-func (m *Manager) startNflog() (*nflogReader, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+// groupTaken reports whether err is the kernel's refusal to bind a group
+// another socket holds. go-nflog formats the netlink error into its own
+// (%v, not %w), so the errno is known by its text.
+func groupTaken(err error) bool {
+	return errors.Is(err, unix.EPERM) || strings.HasSuffix(err.Error(), unix.EPERM.Error())
+}
+
+// bindNflog opens a netlink socket bound to group and starts recording the
+// packets logged to it.
+func (m *Manager) bindNflog(group uint16) (*nflogReader, error) {
+	nf, err := nflog.Open(&nflog.Config{
+		Group:    group,
+		Copymode: nflog.CopyPacket,
+		Bufsize:  nflogCopyRange, // the copy range, in go-nflog's words
+		QThresh:  1,              // deliver every packet at once
+	})
 	if err != nil {
 		return nil, fmt.Errorf("nflog socket: %w", err)
 	}
-	fail := func(err error) (*nflogReader, error) {
-		unix.Close(fd)
+	if err := nf.Con.SetReadBuffer(1 << 20); err != nil {
+		m.log.Warn("nflog receive buffer", "err", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &nflogReader{nf: nf, cancel: cancel}
+	err = nf.RegisterWithErrorFunc(ctx, func(a nflog.Attribute) int {
+		r.mu.RLock()
+		defer r.mu.RUnlock()
+		if r.closed {
+			return 1
+		}
+		var prefix string
+		var payload []byte
+		if a.Prefix != nil {
+			prefix = *a.Prefix
+		}
+		if a.Payload != nil {
+			payload = *a.Payload
+		}
+		m.nflogPacket(prefix, payload)
+		return 0
+	}, func(err error) int {
+		if ctx.Err() != nil {
+			return 1
+		}
+		// A full socket buffer drops packets (ENOBUFS): go on reading.
+		var op *netlink.OpError
+		if errors.As(err, &op) && (op.Timeout() || errors.Is(op.Err, unix.ENOBUFS)) {
+			return 0
+		}
+		m.log.Warn("nflog receive", "err", err)
+		return 1
+	})
+	if err != nil {
+		cancel()
+		nf.Close()
 		return nil, err
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fail(fmt.Errorf("nflog bind: %w", err))
-	}
-	tv := unix.NsecToTimeval(nflogRecvDeadline.Nanoseconds())
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return fail(fmt.Errorf("nflog socket timeout: %w", err))
-	}
-	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-	// The group derives from the prefix; another daemon (another prefix)
-	// may hold it already (EPERM): take the next free one of the range.
-	base := m.group
-	var bound bool
-	for try := uint16(0); try < 256 && !bound; try++ {
-		m.group = base&0xff00 | (base+try)&0xff
-		err := nflogConfig(fd, 1, m.group, nlAttr(nfulaCfgCmd, []byte{nfulnlCfgCmdBind}))
-		if errors.Is(err, unix.EPERM) {
-			continue
-		}
-		if err != nil {
-			return fail(fmt.Errorf("nflog group %d: %w", m.group, err))
-		}
-		bound = true
-	}
-	if !bound {
-		return fail(fmt.Errorf("nflog: every group of 0x%04x..0x%04x is taken", base&0xff00, base|0xff))
-	}
-	mode := binary.BigEndian.AppendUint32(nil, nflogCopyRange)
-	mode = append(mode, nfulnlCopyPacket, 0)
-	for i, attr := range [][]byte{nlAttr(nfulaCfgMode, mode), nlAttr(nfulaCfgQThresh, binary.BigEndian.AppendUint32(nil, 1))} {
-		if err := nflogConfig(fd, uint32(i+2), m.group, attr); err != nil {
-			return fail(fmt.Errorf("nflog group %d: %w", m.group, err))
-		}
-	}
-	r := &nflogReader{fd: fd, stop: make(chan struct{})}
-	r.done.Add(1)
-	go func() {
-		defer r.done.Done()
-		m.readNflog(r)
-	}()
 	return r, nil
 }
 
-// nflogConfig sends one config message and waits for its ack.
-func nflogConfig(fd int, seq uint32, group uint16, attr []byte) error {
-	body := []byte{unix.AF_UNSPEC, 0, 0, 0}
-	binary.BigEndian.PutUint16(body[2:], group)
-	body = append(body, attr...)
-	msg := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+len(body))
-	binary.NativeEndian.PutUint32(msg[0:], uint32(unix.NLMSG_HDRLEN+len(body)))
-	binary.NativeEndian.PutUint16(msg[4:], nfnlSubsysULOG<<8|nfulnlMsgConfig)
-	binary.NativeEndian.PutUint16(msg[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK)
-	binary.NativeEndian.PutUint32(msg[8:], seq)
-	msg = append(msg, body...)
-	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return err
-	}
-	buf := make([]byte, 4096)
-	for {
-		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			return err
-		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-		if err != nil {
-			return err
-		}
-		for _, mm := range msgs {
-			if mm.Header.Type == unix.NLMSG_ERROR && mm.Header.Seq == seq {
-				if len(mm.Data) >= 4 {
-					if code := int32(binary.NativeEndian.Uint32(mm.Data)); code != 0 {
-						return unix.Errno(-code)
-					}
-				}
-				return nil
-			}
-		}
-	}
-}
-
-func (m *Manager) readNflog(r *nflogReader) {
-	buf := make([]byte, 1<<16)
-	for {
-		select {
-		case <-r.stop:
-			return
-		default:
-		}
-		n, _, err := unix.Recvfrom(r.fd, buf, 0)
-		if err != nil {
-			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.ENOBUFS) {
-				continue
-			}
-			m.log.Warn("nflog receive", "err", err)
-			return
-		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-		if err != nil {
-			continue
-		}
-		for _, mm := range msgs {
-			if mm.Header.Type != nfnlSubsysULOG<<8|nfulnlMsgPacket || len(mm.Data) < 4 {
-				continue
-			}
-			m.nflogPacket(mm.Data[4:])
-		}
-	}
-}
-
-// nflogPacket records one logged packet. The prefix is
-// "<jail id> <a|b> <rule>" (see rb.note).
-func (m *Manager) nflogPacket(attrs []byte) {
-	var prefix string
-	var payload []byte
-	for len(attrs) >= 4 {
-		l := int(binary.NativeEndian.Uint16(attrs))
-		typ := binary.NativeEndian.Uint16(attrs[2:]) & 0x3fff
-		if l < 4 || l > len(attrs) {
-			return
-		}
-		data := attrs[4:l]
-		switch typ {
-		case nfulaPrefix:
-			prefix = strings.TrimRight(string(data), "\x00")
-		case nfulaPayload:
-			payload = data
-		}
-		attrs = attrs[(l+3)&^3:]
-	}
+// nflogPacket records one logged packet from its log prefix,
+// "<jail id> <a|b> <rule>" (see rb.note), and its first bytes.
+func (m *Manager) nflogPacket(prefix string, payload []byte) {
+	prefix = strings.TrimRight(prefix, "\x00")
 	id, rest, ok := strings.Cut(prefix, " ")
 	if !ok {
 		return
