@@ -76,9 +76,9 @@ func (m *Manager) OpenTerminal(ctx context.Context, ref string, req model.Termin
 			return nil, errdefs.Invalidf("term: %q is not a terminal type", req.Term)
 		}
 		env := envList(req.Env)
-		user, err := m.userFor(inst, req.User)
-		if err != nil {
-			return nil, err
+		user, uerr := m.userFor(inst, req.User)
+		if uerr != nil {
+			return nil, uerr
 		}
 		t, err = c.StartTerminal(ctx, initproto.ExecRequest{
 			Argv: req.Cmd, Env: env, Cwd: req.Cwd, User: user,

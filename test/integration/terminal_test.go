@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -196,6 +197,23 @@ func jailHas(tb testing.TB, d *daemon, id, comm string) {
 func TestTerminalWebSocket(t *testing.T) {
 	d := shared(t)
 	j := d.createJail(t, nil)
+
+	// A command that cannot start is a clear error before the upgrade.
+	dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer dcancel()
+	q := url.Values{"cwd": {"/no/such/dir"}, "token": {d.token}}
+	conn, resp, err := websocket.Dial(dctx, "ws://"+d.addr+"/jails/"+j.ID+"/terminal?"+q.Encode(), nil)
+	if err == nil {
+		conn.CloseNow()
+		t.Fatal("a terminal in a missing directory was opened")
+	}
+	var body []byte
+	if resp != nil {
+		body, _ = io.ReadAll(resp.Body)
+	}
+	if resp == nil || resp.StatusCode < 400 || resp.StatusCode >= 500 || !strings.Contains(string(body), "/no/such/dir") {
+		t.Fatalf("a terminal in a missing directory: %v %v %s", err, resp, body)
+	}
 
 	// python3 -i: type an expression, read its result.
 	py := dialTerm(t, d, j.ID, url.Values{"cmd": {"python3", "-i"}}).start()
