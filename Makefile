@@ -19,7 +19,7 @@ BENCHTIME  ?= 20x
 # The Go files to check: git's view (tracked and new, not ignored), else all.
 GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
-.PHONY: all setup build run test fmt-check vet lint bench soak web-vendor clean
+.PHONY: all setup build run test fmt-check vet staticcheck lint bench soak web-vendor clean
 
 all: build
 
@@ -35,11 +35,11 @@ build:
 run: setup build
 	exec ./$(BIN) serve
 
-## test: formatting, vet and the whole test suite (unit + end-to-end). The
+## test: formatting, vet, staticcheck and the whole test suite (unit + end-to-end). The
 ## packages run one at a time: they share host-wide state (a mount namespace
 ## made by one copies the others' mounts and pins them; interfaces, routes
 ## and nftables tables are the host's).
-test: setup build fmt-check vet
+test: setup build fmt-check vet staticcheck
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
 
 fmt-check:
@@ -49,8 +49,13 @@ fmt-check:
 vet:
 	$(GO) vet ./...
 
-## lint: gofmt, go vet and a syntax check of the shell scripts
-lint: fmt-check vet
+## staticcheck: honnef.co/go/tools at the version go.mod pins (a tool
+## dependency: go tool builds it)
+staticcheck:
+	$(GO) tool staticcheck ./...
+
+## lint: gofmt, go vet, staticcheck and a syntax check of the shell scripts
+lint: fmt-check vet staticcheck
 	@for f in scripts/*.sh .ci/run; do bash -n "$$f" || exit 1; done
 	@if command -v shellcheck >/dev/null; then shellcheck scripts/*.sh .ci/run; fi
 

@@ -217,7 +217,7 @@ func (u *unpacker) apply(h *tar.Header, r io.Reader) error {
 		u.dirs = append(u.dirs, dirTimes{name, times(h)})
 		delete(u.implicit, name)
 		return nil
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // archive/tar reads the legacy TypeRegA as TypeReg
 		const flags = unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
 		fd, err := unix.Openat(pfd, base, flags, 0o600)
 		if errors.Is(err, unix.EEXIST) {

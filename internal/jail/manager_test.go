@@ -73,7 +73,9 @@ func settled(t *testing.T, m *Manager, ref string) *model.Jail {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Wait for the operation under way, if any, to end.
 	e.op.Lock()
+	//lint:ignore SA2001 the lock is taken only to wait for its holder
 	e.op.Unlock()
 	j, err := m.Get(context.Background(), ref)
 	if err != nil {

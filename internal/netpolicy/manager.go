@@ -521,7 +521,7 @@ func (m *Manager) plumb(js *jailState) (err error) {
 	if err != nil {
 		return fmt.Errorf("netlink in netns %s: %w", js.netnsPath, err)
 	}
-	defer nh.Delete()
+	defer nh.Close()
 	if old, err := nh.LinkByName("eth0"); err == nil {
 		if err := nh.LinkDel(old); err != nil {
 			return fmt.Errorf("removing stale eth0 in %s: %w", js.netnsPath, err)

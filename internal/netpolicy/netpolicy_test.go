@@ -661,7 +661,7 @@ except Exception as e:
 	}
 	s, c = j.curl(t, nil, "http://other.test/")
 	check("other.test after update", "200", s, c)
-	s, c = j.curl(t, nil, cacert, e.ca.pemFile, "https://other.test/")
+	_, c = j.curl(t, nil, cacert, e.ca.pemFile, "https://other.test/")
 	if c == 0 {
 		t.Errorf("other.test:443 allowed though the rule names port 80 only")
 	}

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -93,7 +92,7 @@ func stopShared() error {
 func buildBinary(out string) error {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return fmt.Errorf("building the binary: %w (the Makefile puts /usr/local/go/bin on PATH)", err)
 	}
 	root, err := repoRoot()
 	if err != nil {
