@@ -12,7 +12,7 @@ GO_MIN_MAJOR=1
 GO_MIN_MINOR=26
 PACKAGES=(runc iptables nftables iproute2 xfsprogs btrfs-progs util-linux strace python3
 	git curl ca-certificates tshark procps psmisc tmux asciinema protobuf-compiler patch busybox-static
-	skopeo umoci mmdebstrap chromium fonts-dejavu-core)
+	skopeo umoci mmdebstrap chromium fonts-dejavu-core clang llvm libbpf-dev)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export DEBIAN_FRONTEND=noninteractive
