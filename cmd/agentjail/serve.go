@@ -223,7 +223,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		log.Info("answering mDNS", "names", "JAIL."+preview.MDNSDomain+", PORT-JAIL."+preview.MDNSDomain)
 	}
 	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents), api.WithImages(mgr), api.WithPreviews(previews),
-		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc))
+		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc), api.WithCommands(mgr))
 	// The console serves its pages and sessions and hands every API route
 	// to the API's handler; previews of jails' dev servers are answered
 	// by their host name before either.

@@ -142,6 +142,7 @@ var routes = []route{
 	{http.MethodGet, "/jails/{id}/fs/diff", (*server).fsDiff, true},
 	{http.MethodGet, "/jails/{id}/report", (*server).report, true},
 	{http.MethodGet, "/jails/{id}/terminal", (*server).terminal, true},
+	{http.MethodGet, "/jails/{id}/commands/ws", (*server).commandSocket, true},
 	{http.MethodPost, "/jails/{id}/terminal/ticket", (*server).terminalTicket, true},
 	{http.MethodGet, "/jails/{id}/terminals", (*server).listTerminals, true},
 	{http.MethodGet, "/jails/{id}/recordings", (*server).listRecordings, true},
@@ -194,6 +195,8 @@ type server struct {
 	agents AgentService
 	// previews makes signed preview links (nil: 501).
 	previews PreviewService
+	// commands serves the background command WebSocket (nil: 501).
+	commands CommandService
 }
 
 // NewServer returns the API's handler: the routes of the route table over
