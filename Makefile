@@ -19,7 +19,7 @@ BENCHTIME  ?= 20x
 # The Go files to check: git's view (tracked and new, not ignored), else all.
 GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
-.PHONY: all setup build run test fmt-check vet staticcheck lint bench soak web-vendor clean
+.PHONY: all setup build run test fuzz fmt-check vet staticcheck lint bench soak web-vendor clean
 
 all: build
 
@@ -35,12 +35,21 @@ build:
 run: setup build
 	exec ./$(BIN) serve
 
-## test: formatting, vet, staticcheck and the whole test suite (unit + end-to-end). The
-## packages run one at a time: they share host-wide state (a mount namespace
-## made by one copies the others' mounts and pins them; interfaces, routes
-## and nftables tables are the host's).
+## test: formatting, vet, staticcheck and the whole test suite (unit + end-to-end),
+## then every fuzz target for FUZZTIME. The packages run one at a time: they
+## share host-wide state (a mount namespace made by one copies the others'
+## mounts and pins them; interfaces, routes and nftables tables are the host's).
 test: setup build fmt-check vet staticcheck
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
+	@GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+
+## fuzz: run every fuzz target (go test -fuzz) for FUZZTIME each; FUZZ=regexp
+## picks targets. An input that fails is kept under its package's
+## testdata/fuzz/ (commit it with the fix: it becomes a regression test that
+## every go test runs).
+FUZZTIME ?= 10s
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ='$(FUZZ)' scripts/fuzz.sh
 
 fmt-check:
 	@out=$$(gofmt -l $(GOFILES)); \

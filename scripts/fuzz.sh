@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every fuzz target of the module (each `func FuzzX(f *testing.F)` in a
+# _test.go file) with `go test -fuzz` for FUZZTIME each (default 10s), one
+# after the other: go test fuzzes one target of one package at a time.
+# A target that fails leaves its input under the package's testdata/fuzz/
+# and the script goes on to the next, failing at the end.
+#
+#   FUZZTIME=10s   how long each target runs (a go test -fuzztime value)
+#   FUZZ=regexp    run only the targets whose name matches
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+fuzztime=${FUZZTIME:-10s}
+only=${FUZZ:-.}
+go=${GO:-go}
+failed=()
+ran=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+while IFS= read -r file; do
+	dir=$(dirname "$file")
+	while IFS= read -r name; do
+		[[ $name =~ $only ]] || continue
+		ran=$((ran + 1))
+		echo "fuzz: $name in ./$dir for $fuzztime" >&2
+		# A short minimisation: new inputs are kept as found, a failing
+		# one is still shrunk a little before it is written.
+		if ! "$go" test -count=1 -run '^$' -fuzz "^$name\$" -fuzztime "$fuzztime" -fuzzminimizetime 100x "./$dir" >"$log" 2>&1; then
+			cat "$log" >&2
+			failed+=("$dir:$name")
+		fi
+	done < <(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(f \*testing\.F).*/\1/p' "$file")
+done < <(git ls-files --cached --others --exclude-standard '*_test.go' | xargs grep -l '^func Fuzz' | sort)
+
+if ((ran == 0)); then
+	echo "fuzz: no target matches $only" >&2
+	exit 1
+fi
+if ((${#failed[@]} > 0)); then
+	echo "fuzz: failed: ${failed[*]} (inputs under their package's testdata/fuzz/)" >&2
+	exit 1
+fi
+echo "fuzz: $ran targets, $fuzztime each: no failure" >&2
