@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/accounts"
@@ -60,6 +61,18 @@ type Options struct {
 	// CRIU is the CRIU binary for process checkpoints; empty: the first of
 	// /usr/local/sbin/criu and criu on PATH that works.
 	CRIU string
+	// RuntimeArgs are global flags given to the runtime binary before
+	// every command (runsc's platform, file and network options).
+	RuntimeArgs []string
+	// StateDir names the runtime's state directory under DATA_DIR/run
+	// (default "runc").
+	StateDir string
+	// AdjustSpec, when set, changes each jail's runtime spec before it is
+	// written (what a level's runtime needs differently).
+	AdjustSpec func(*specs.Spec)
+	// NoCheckpoint leaves process checkpoints out (a level that takes
+	// them its own way), without probing for CRIU.
+	NoCheckpoint bool
 }
 
 // Factory returns the factory of the container level: runc (or
@@ -99,9 +112,12 @@ func New(opts Options) (*Backend, error) {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "OCI runtime %q", opts.RuntimeBinary)
 	}
 	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	if opts.StateDir == "" {
+		opts.StateDir = "runc"
+	}
 	b := &Backend{
 		opts:    opts,
-		runtime: oci.NewRuntime(opts.RuntimeBinary, filepath.Join(opts.DataDir, "run", "runc")),
+		runtime: oci.NewRuntime(opts.RuntimeBinary, filepath.Join(opts.DataDir, "run", opts.StateDir), opts.RuntimeArgs...),
 		swap:    cgroups.SwapAccounting(),
 		net:     &hostjail.Network{Net: opts.Net, Log: opts.Log},
 	}
@@ -121,8 +137,10 @@ func New(opts Options) (*Backend, error) {
 			"it shares the host's kernel",
 	}
 	// Process checkpoints (checkpoint.go) need a working CRIU.
-	b.criu, b.caps.CheckpointReason = probeCheckpoint(opts.CRIU)
-	b.caps.Checkpoint = b.criu != ""
+	if !opts.NoCheckpoint {
+		b.criu, b.caps.CheckpointReason = probeCheckpoint(opts.CRIU)
+		b.caps.Checkpoint = b.criu != ""
+	}
 	if opts.AllowHostNetwork {
 		b.caps.NetworkModes = append(b.caps.NetworkModes, config.NetHost)
 	}
@@ -456,6 +474,9 @@ func (b *Backend) writeBundle(inst backend.Instance, p paths, hostNet bool) erro
 	if err != nil {
 		return err
 	}
+	if b.opts.AdjustSpec != nil {
+		b.opts.AdjustSpec(spec)
+	}
 	return oci.WriteBundle(p.dir, spec)
 }
 
@@ -644,6 +665,13 @@ func (b *Backend) Rename(ctx context.Context, inst backend.Instance, st backend.
 	if err := setHostname(st.Pid, inst.Hostname); err != nil {
 		return fmt.Errorf("jail %s: %w", inst.Name, err)
 	}
+	return b.net.Rename(ctx, inst)
+}
+
+// RenameNetwork gives the running jail inst.Name on the jail network:
+// Rename without the host name, for a level whose jails' host name the
+// host cannot set.
+func (b *Backend) RenameNetwork(ctx context.Context, inst backend.Instance) error {
 	return b.net.Rename(ctx, inst)
 }
 

@@ -89,12 +89,13 @@ type containerIO struct {
 	started bool
 }
 
-// NewRuntime returns a Runtime for binary ("runc", or a path; runsc later)
+// NewRuntime returns a Runtime for binary ("runc", "runsc", or a path)
 // whose container state lives under root (created by the runtime on first
-// use).
-func NewRuntime(binary, root string) *Runtime {
+// use), run with the global flags globalArgs (runsc's platform, file and
+// network options) before each command.
+func NewRuntime(binary, root string, globalArgs ...string) *Runtime {
 	return &Runtime{
-		rc:    &runc.Runc{Command: binary, Root: root},
+		rc:    &runc.Runc{Command: binary, Root: root, ExtraArgs: globalArgs},
 		stdio: map[string]*containerIO{},
 	}
 }

@@ -1,6 +1,6 @@
 // Package oci turns a jail's effective configuration into an OCI runtime
 // bundle (config.json, runtime-spec v1.3.0 types) and drives an OCI
-// runtime binary (runc, later runsc) through a container's lifecycle:
+// runtime binary (runc or runsc) through a container's lifecycle:
 // create, start with a readiness handshake on init's stdout, kill, delete,
 // state, list, pause and resume.
 //
