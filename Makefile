@@ -19,13 +19,19 @@ BENCHTIME  ?= 20x
 # The Go files to check: git's view (tracked and new, not ignored), else all.
 GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
-.PHONY: all setup build run test fuzz fmt-check vet staticcheck lint bench soak web-vendor clean
+.PHONY: all setup gvisor build run test fuzz fmt-check vet staticcheck lint bench soak web-vendor clean
 
 all: build
 
-## setup: install the host packages, CRIU >= 4.1 and check Go (idempotent)
+## setup: install the host packages, CRIU >= 4.1, runsc, and check Go (idempotent)
 setup:
 	@scripts/setup.sh
+
+## gvisor: build runsc (the gvisor level's runtime) from the gVisor Go
+## module at the version go.mod pins, into /usr/local/sbin (idempotent;
+## setup runs it too)
+gvisor:
+	@scripts/build-runsc.sh
 
 ## build: the static binary at bin/agentjail
 build:

@@ -1,6 +1,6 @@
 module github.com/agentjail/agentjail
 
-go 1.26.0
+go 1.26.3
 
 require (
 	connectrpc.com/connect v1.21.1
@@ -58,6 +58,7 @@ require (
 	golang.org/x/mod v0.41.0 // indirect
 	golang.org/x/tools v0.51.0 // indirect
 	honnef.co/go/tools v0.8.2 // indirect
+	gvisor.dev/gvisor v0.0.0-20260905035102-160fafc42237 // indirect
 	kernel.org/pub/linux/libs/security/libcap/psx v1.2.77 // indirect
 )
 

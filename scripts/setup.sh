@@ -3,7 +3,10 @@
 #
 # Installs the Debian packages the daemon and its tests use, builds CRIU >= 4.1
 # when the installed one is missing, too old or broken (scripts/build-criu.sh),
-# and checks that Go >= 1.26 is on PATH. Idempotent and fast when everything
+# checks that Go >= 1.26 is on PATH, and builds runsc for the gvisor level
+# from the gVisor Go module when the pinned one is not installed
+# (scripts/build-runsc.sh; Debian's older runsc package is installed beside it
+# as the benchmarks' reference). Idempotent and fast when everything
 # is present: packages are checked with dpkg-query and `apt-get update` runs
 # only when one is missing. Must run as root.
 set -euo pipefail
@@ -12,7 +15,7 @@ GO_MIN_MAJOR=1
 GO_MIN_MINOR=26
 PACKAGES=(runc iptables nftables iproute2 xfsprogs btrfs-progs util-linux strace python3
 	git curl ca-certificates tshark procps psmisc tmux asciinema protobuf-compiler patch busybox-static
-	skopeo umoci mmdebstrap chromium fonts-dejavu-core clang llvm libbpf-dev)
+	skopeo umoci mmdebstrap chromium fonts-dejavu-core clang llvm libbpf-dev runsc)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export DEBIAN_FRONTEND=noninteractive
@@ -51,6 +54,7 @@ minor=${minor%%[!0-9]*}
 if ((major < GO_MIN_MAJOR || (major == GO_MIN_MAJOR && minor < GO_MIN_MINOR))); then
 	die "$gover at $(command -v go) is older than go$GO_MIN_MAJOR.$GO_MIN_MINOR"
 fi
+"$here/build-runsc.sh"
 # The E2B SDK acceptance tests (test/e2b) run the official e2b SDK on Node.js
 # >= 20.18.1, installed from the npm registry as pinned in the lockfile.
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
@@ -80,4 +84,4 @@ if ! command -v npm >/dev/null 2>&1; then
 	apt-get install -y -qq --no-install-recommends npm >/dev/null
 fi
 mkdir -p /var/cache/agentjail/tools
-log "ok: packages present, criu $(criu --version | sed -n 's/^Version: *//p'), $gover"
+log "ok: packages present, criu $(criu --version | sed -n 's/^Version: *//p'), $gover, $(/usr/local/sbin/runsc --version | head -n1)"

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/container"
+	"github.com/agentjail/agentjail/internal/backend/gvisor"
 	"github.com/agentjail/agentjail/internal/backend/process"
 )
 
@@ -10,6 +11,8 @@ import (
 type levelFlags struct {
 	runtime string
 	criu    string
+	// runsc is the gvisor level's runtime (empty: gvisor.DefaultRunsc).
+	runsc string
 	// unsafeNone offers the none level (no isolation; development only).
 	unsafeNone bool
 }
@@ -20,6 +23,7 @@ func (f levelFlags) factories() []backend.Factory {
 	return []backend.Factory{
 		container.Factory(f.runtime, f.criu),
 		process.Factory(),
+		gvisor.Factory(f.runsc),
 		process.NoneFactory(f.unsafeNone),
 	}
 }

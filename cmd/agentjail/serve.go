@@ -20,6 +20,7 @@ import (
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/atomicfile"
+	"github.com/agentjail/agentjail/internal/backend/gvisor"
 	"github.com/agentjail/agentjail/internal/console"
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
@@ -84,6 +85,7 @@ next start.`,
 		},
 	}
 	cmd.Flags().StringVar(&lv.runtime, "runtime", "runc", "OCI runtime binary")
+	cmd.Flags().StringVar(&lv.runsc, "runsc", "", "runsc binary of the gvisor level (default "+gvisor.DefaultRunsc+", built by make gvisor)")
 	cmd.Flags().BoolVar(&lv.unsafeNone, "unsafe-none-level", false, "UNSAFE, development only: offer isolation level none, whose jails are unconfined processes of the daemon's user on the host")
 	cmd.Flags().StringSliceVar(&insecureRegistries, "insecure-registry", nil, "a registry (host:port) that image pulls may reach over plain HTTP (repeatable); credentials for others come from ~/.docker/config.json")
 	cmd.Flags().BoolVar(&mdnsOn, "mdns", false, "answer mDNS for JAIL.sandbox.local and PORT-JAIL.sandbox.local with this host's address, for previews from the LAN (listen with --addr 0.0.0.0:PORT)")
