@@ -33,7 +33,6 @@ import (
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/model"
-	"github.com/agentjail/agentjail/internal/observe"
 )
 
 // DefaultRunsc is where scripts/build-runsc.sh installs runsc.
@@ -47,8 +46,14 @@ const DefaultRunsc = "/usr/local/sbin/runsc"
 //   - host-uds=create: init's control socket, made inside the jail in its
 //     control directory, is a host socket the daemon connects to;
 //   - oci-seccomp: the bundle's seccomp filter applies to the jail's
-//     system calls inside the sentry, as it does in a container.
-var runtimeArgs = []string{"--platform=systrap", "--overlay2=none", "--host-uds=create", "--oci-seccomp"}
+//     system calls inside the sentry, as it does in a container;
+//   - gofer-network-namespace=new: each jail's gofer gets an empty network
+//     namespace of its own (runsc's default pins a shared one with a mount
+//     in its state directory that would outlive the daemon).
+var runtimeArgs = []string{
+	"--platform=systrap", "--overlay2=none", "--host-uds=create", "--oci-seccomp",
+	"--gofer-network-namespace=new",
+}
 
 // Factory returns the factory of the gvisor level, run by the runsc at
 // path (empty: DefaultRunsc).
@@ -71,9 +76,9 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend     = (*Backend)(nil)
-	_ backend.EventSource = (*Backend)(nil)
-	_ backend.Layered     = (*Backend)(nil)
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.Layered      = (*Backend)(nil)
+	_ backend.Checkpointer = (*Backend)(nil)
 )
 
 // New returns the gvisor backend running runsc at path (empty:
@@ -107,16 +112,19 @@ func New(h backend.Host, path string) (*Backend, error) {
 		Runtime:      version + " (systrap)",
 		NetworkModes: cc.NetworkModes,
 		RootfsKinds:  cc.RootfsKinds,
-		Limits:       []string{model.LimitMemory, model.LimitPids, model.LimitCPU, model.LimitDisk},
-		PTY:          true,
-		Users:        true,
-		Observers:    []string{model.ObserverBackend},
-		FSSnapshot:   true,
+		// The memory limit bounds the sandbox as a whole (the sentry holds
+		// the jail's memory): the host kills the sandbox, not the process
+		// that went over, so it is not declared as the per-process limit
+		// the other levels enforce.
+		Limits:     []string{model.LimitPids, model.LimitCPU, model.LimitDisk},
+		PTY:        true,
+		Users:      true,
+		FSSnapshot: true,
 		Guarantees: "the container level's bundle (its own namespaces, overlay root on a disk of its own, cgroup limits, " +
 			"seccomp, minimal capabilities) run by gVisor: the jail's system calls are served by a user-space kernel " +
 			"(the sentry, itself confined by seccomp), never by the host's",
 	}
-	b.caps.CheckpointReason = "not yet"
+	b.caps.CheckpointReason = "process checkpoints of gVisor sandboxes are not wired up yet (filesystem snapshots work)"
 	return b, nil
 }
 
@@ -241,7 +249,26 @@ func (b *Backend) Layers(inst backend.Instance) (string, string, error) {
 // IDShift implements backend.Layered: no user namespace.
 func (b *Backend) IDShift(inst backend.Instance) int { return 0 }
 
-// Events implements backend.EventSource.
-func (b *Backend) Events(inst backend.Instance, st backend.Status, sink observe.Sink) (func() error, error) {
-	return func() error { return nil }, nil
+// Checkpoint implements backend.Checkpointer: filesystem snapshots as the
+// container level takes them (the sentry writes regular files straight
+// through to the jail's disk, so freezing the disk catches them).
+func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts backend.CheckpointOptions) (backend.CheckpointResult, error) {
+	if opts.Processes && !b.caps.Checkpoint {
+		return backend.CheckpointResult{}, errdefs.NotImplementedf("process checkpoints are unavailable at the gvisor level: %s (mode fs still works)", b.caps.CheckpointReason)
+	}
+	return b.c.Checkpoint(ctx, inst, opts)
+}
+
+// Restore implements backend.Checkpointer: a new jail booted on a copy of
+// a filesystem snapshot.
+func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backend.RestoreSource) (backend.Status, error) {
+	if src.Processes && !b.caps.Checkpoint {
+		return backend.Status{}, errdefs.NotImplementedf("process restores are unavailable at the gvisor level: %s", b.caps.CheckpointReason)
+	}
+	return b.c.Restore(ctx, inst, src)
+}
+
+// Recover implements backend.Checkpointer.
+func (b *Backend) Recover(ctx context.Context, inst backend.Instance) error {
+	return b.c.Recover(ctx, inst)
 }
