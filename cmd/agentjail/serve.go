@@ -20,12 +20,14 @@ import (
 	"github.com/agentjail/agentjail/internal/api"
 	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/atomicfile"
+	"github.com/agentjail/agentjail/internal/audit"
 	"github.com/agentjail/agentjail/internal/backend/gvisor"
 	"github.com/agentjail/agentjail/internal/console"
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/preview"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // The jail manager is what the E2B-compatible surface runs on.
@@ -174,6 +176,14 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		return err
 	}
 	opts.Logger = log
+	if opts.Quotas, err = tenant.OpenQuotas(dataDir); err != nil {
+		return err
+	}
+	auditLog, err := audit.Open(filepath.Join(dataDir, audit.FileName), 0)
+	if err != nil {
+		return err
+	}
+	defer auditLog.Close()
 	if do.secretsFile == "" {
 		do.secretsFile = filepath.Join(dataDir, "secrets.env")
 	}
@@ -201,7 +211,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	}
 	defer agents.Close()
 	svc := daemon{Manager: mgr, agents: agents}
-	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log})
+	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog})
 	if err != nil {
 		return err
 	}
@@ -225,6 +235,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		log.Info("answering mDNS", "names", "JAIL."+preview.MDNSDomain+", PORT-JAIL."+preview.MDNSDomain)
 	}
 	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents), api.WithImages(mgr), api.WithPreviews(previews),
+		api.WithQuotas(mgr), api.WithAudit(auditLog),
 		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc), api.WithCommands(mgr))
 	// The console serves its pages and sessions and hands every API route
 	// to the API's handler; previews of jails' dev servers are answered

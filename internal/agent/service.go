@@ -38,7 +38,7 @@ type Jails interface {
 	Events(ctx context.Context, ref string, after uint64, types []string) (*observe.Subscription, uint64, error)
 	// WritableLayer returns a created, not yet started jail's lower tree
 	// and writable layer on the host.
-	WritableLayer(ref string) (lower, upper string, err error)
+	WritableLayer(ctx context.Context, ref string) (lower, upper string, err error)
 }
 
 // Options configure a Service.
@@ -212,7 +212,7 @@ func (s *Service) Create(ctx context.Context, req model.CreateRequest) (*model.J
 		}
 		return nil, err
 	}
-	lower, upper, err := s.jails.WritableLayer(j.ID)
+	lower, upper, err := s.jails.WritableLayer(ctx, j.ID)
 	if err != nil {
 		return fail(err)
 	}

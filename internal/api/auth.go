@@ -13,8 +13,9 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/atomicfile"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // TokenFile is the name of the token file inside the data directory.
@@ -104,40 +105,63 @@ func ReadToken(path string) (string, error) {
 	return tok, nil
 }
 
-// authorized reports whether r carries the bearer token or, except on
-// the /keys routes (managed with the token alone), an API key of role
-// admin, which may do everything the token may. Keys of other roles are
-// scoped to their tenant, which only the E2B surface knows: the REST API
-// refuses them. The comparison with the token takes the same time
-// wherever they differ. The terminal WebSocket also takes the token or a
-// ticket in its query (see queryAuthorized).
-func (s *server) authorized(r *http.Request) bool {
-	if r.Pattern == terminalPattern && s.queryAuthorized(r) {
-		return true
+// authenticate returns who r's credential belongs to: the bearer token
+// (the bootstrap admin, tenant "default") or an API key with its tenant
+// and role; the terminal WebSocket also takes the token or a ticket in
+// its query (see queryPrincipal). The comparison with the token takes the
+// same time wherever they differ. errdefs.ErrUnauthorized when there is
+// no valid credential.
+func (s *server) authenticate(r *http.Request) (tenant.Principal, error) {
+	if r.Pattern == terminalPattern {
+		if p, ok := s.queryPrincipal(r); ok {
+			return p, nil
+		}
 	}
-	_, ok := s.caller(r)
-	return ok
-}
-
-// caller describes who r's bearer credential belongs to.
-func (s *server) caller(r *http.Request) (Whoami, bool) {
 	h := r.Header.Get("Authorization")
 	scheme, tok, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || s.token == "" {
-		return Whoami{}, false
+		return tenant.Principal{}, errUnauthenticated
 	}
 	tok = strings.TrimSpace(tok)
 	if subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1 {
-		return Whoami{Kind: "token", Role: string(apikey.RoleAdmin)}, true
+		return tenant.Token, nil
 	}
-	if s.keys == nil || strings.HasPrefix(r.Pattern, "POST /keys") || strings.HasPrefix(r.Pattern, "GET /keys") || strings.HasPrefix(r.Pattern, "DELETE /keys") {
-		return Whoami{}, false
+	if s.keys == nil {
+		return tenant.Principal{}, errUnauthenticated
 	}
 	k, err := s.keys.Verify(tok)
-	if err != nil || k.Role != apikey.RoleAdmin {
-		return Whoami{}, false
+	if err != nil {
+		return tenant.Principal{}, errUnauthenticated
 	}
-	return Whoami{Kind: "key", Role: string(k.Role), KeyID: k.ID, KeyName: k.Name, Tenant: k.Tenant}, true
+	return tenant.FromKey(k), nil
+}
+
+// errUnauthenticated answers a request without a valid credential.
+var errUnauthenticated = errdefs.New(errdefs.ErrUnauthorized, "missing or invalid bearer token (Authorization: Bearer <token>: the token in DATA_DIR/api-token, or an API key from `agentjail keys create`)")
+
+// allows returns nil when p may call routes of access a, else an
+// errdefs.ErrForbidden saying why.
+func (a access) allows(p tenant.Principal) error {
+	switch a {
+	case read:
+		return nil
+	case write:
+		if !p.Role.CanWrite() {
+			return errdefs.Forbiddenf("API key %s is a viewer's (tenant %s): it may only read", p.KeyID, p.Tenant)
+		}
+		return nil
+	case adminOnly:
+		if !p.Admin() {
+			return errdefs.Forbiddenf("this changes what every tenant shares: only an admin key or the API token may")
+		}
+		return nil
+	case tokenOnly:
+		if p.Kind != tenant.Token.Kind {
+			return errdefs.Forbiddenf("API keys are managed with the API token (DATA_DIR/api-token) alone")
+		}
+		return nil
+	}
+	return errdefs.Forbiddenf("no access")
 }
 
 // Whoami is the answer of GET /whoami: who the request's credential
@@ -145,16 +169,18 @@ func (s *server) caller(r *http.Request) (Whoami, bool) {
 type Whoami struct {
 	// Kind is "token" for the daemon's API token, "key" for an API key.
 	Kind string `json:"kind"`
-	// Role is what the credential may do: "admin" (everything).
+	// Role is what the credential may do: "admin" (everything, across
+	// tenants), "user" (its tenant's resources) or "viewer" (read them).
 	Role string `json:"role"`
-	// KeyID, KeyName and Tenant describe an API key.
+	// Tenant is the tenant the credential acts for.
+	Tenant string `json:"tenant"`
+	// KeyID and KeyName describe an API key.
 	KeyID   string `json:"key_id,omitempty"`
 	KeyName string `json:"key_name,omitempty"`
-	Tenant  string `json:"tenant,omitempty"`
 }
 
 func (s *server) whoami(w http.ResponseWriter, r *http.Request) error {
-	who, _ := s.caller(r)
-	writeJSON(w, http.StatusOK, who)
+	p, _ := tenant.FromContext(r.Context())
+	writeJSON(w, http.StatusOK, Whoami{Kind: p.Kind, Role: string(p.Role), Tenant: p.Tenant, KeyID: p.KeyID, KeyName: p.KeyName})
 	return nil
 }

@@ -40,14 +40,15 @@ var statusKinds = []struct {
 	{errdefs.ErrTimeout, http.StatusGatewayTimeout},
 	{errdefs.ErrUnresponsive, http.StatusGatewayTimeout},
 	{errdefs.ErrNoSpace, http.StatusInsufficientStorage},
+	{errdefs.ErrQuota, http.StatusTooManyRequests},
 }
 
 // HTTPStatus returns the HTTP status of err's kind: 400 ErrInvalid,
 // 422 ErrUnprocessable, 404 ErrNotFound, 409 ErrConflict, 403 ErrForbidden,
 // 401 ErrUnauthorized, 413 ErrTooLarge, 501 ErrNotImplemented,
-// 503 ErrUnavailable, 504 ErrTimeout and ErrUnresponsive, 507 ErrNoSpace
-// (and an error without a kind that wraps ENOSPC: a full disk), and 500
-// for any other error without a kind.
+// 503 ErrUnavailable, 504 ErrTimeout and ErrUnresponsive, 429 ErrQuota,
+// 507 ErrNoSpace (and an error without a kind that wraps ENOSPC: a full
+// disk), and 500 for any other error without a kind.
 func HTTPStatus(err error) int {
 	for _, k := range statusKinds {
 		if errors.Is(err, k.kind) {

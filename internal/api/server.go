@@ -10,15 +10,19 @@ package api
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/agentjail/agentjail/internal/apikey"
+	"github.com/agentjail/agentjail/internal/audit"
 	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/observe"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // Service is what the API serves; *jail.Manager implements it. A ref is a
@@ -116,66 +120,96 @@ type route struct {
 	method  string
 	pattern string // a net/http ServeMux path pattern, without the method
 	handler handlerFunc
-	auth    bool // requires the bearer token
+	// access says which credentials may call the route; every route
+	// states one, and what it reaches belongs to the caller's tenant
+	// (internal/tenant: the jail manager's look-ups check it).
+	access access
 }
+
+// access is who may call a route.
+type access int
+
+// The access classes of routes.
+const (
+	// public routes need no credential.
+	public access = iota + 1
+	// read routes take any credential (viewer, user, admin, the token);
+	// they show only the caller's tenant's resources.
+	read
+	// write routes change state: a user or admin key, or the token. They
+	// are written to the audit log.
+	write
+	// adminOnly routes change what every tenant shares (the image
+	// store's prune, profiles, installed agents, quotas): an admin key or
+	// the token.
+	adminOnly
+	// tokenOnly routes manage the API keys: the token alone.
+	tokenOnly
+)
+
+// changes reports whether the routes of a change state (and are audited).
+func (a access) changes() bool { return a >= write }
 
 // routes is the whole API: every route the server registers, in one place.
 var routes = []route{
-	{http.MethodGet, "/health", (*server).health, false},
-	{http.MethodGet, "/whoami", (*server).whoami, true},
-	{http.MethodGet, "/stats", (*server).stats, true},
-	{http.MethodPost, "/jails", (*server).createJail, true},
-	{http.MethodGet, "/jails", (*server).listJails, true},
-	{http.MethodGet, "/jails/{id}", (*server).getJail, true},
-	{http.MethodPost, "/jails/{id}/start", (*server).startJail, true},
-	{http.MethodPost, "/jails/{id}/stop", (*server).stopJail, true},
-	{http.MethodDelete, "/jails/{id}", (*server).destroyJail, true},
-	{http.MethodPost, "/jails/{id}/exec", (*server).exec, true},
-	{http.MethodPost, "/jails/{id}/exec/stream", (*server).execStream, true},
-	{http.MethodGet, "/jails/{id}/files/{path...}", (*server).getFile, true},
-	{http.MethodPut, "/jails/{id}/files/{path...}", (*server).putFile, true},
-	{http.MethodDelete, "/jails/{id}/files/{path...}", (*server).deleteFile, true},
-	{http.MethodPut, "/jails/{id}/network", (*server).putNetwork, true},
-	{http.MethodGet, "/jails/{id}/network/log", (*server).networkLog, true},
-	{http.MethodGet, "/jails/{id}/events", (*server).events, true},
-	{http.MethodGet, "/jails/{id}/processes", (*server).processes, true},
-	{http.MethodGet, "/jails/{id}/fs/diff", (*server).fsDiff, true},
-	{http.MethodGet, "/jails/{id}/report", (*server).report, true},
-	{http.MethodGet, "/jails/{id}/terminal", (*server).terminal, true},
-	{http.MethodGet, "/jails/{id}/commands/ws", (*server).commandSocket, true},
-	{http.MethodPost, "/jails/{id}/terminal/ticket", (*server).terminalTicket, true},
-	{http.MethodGet, "/jails/{id}/terminals", (*server).listTerminals, true},
-	{http.MethodGet, "/jails/{id}/recordings", (*server).listRecordings, true},
-	{http.MethodGet, "/recordings/{rid}", (*server).getRecording, true},
-	{http.MethodPost, "/jails/{id}/snapshot", (*server).createSnapshot, true},
-	{http.MethodGet, "/jails/{id}/snapshots", (*server).jailSnapshots, true},
-	{http.MethodGet, "/snapshots", (*server).listSnapshots, true},
-	{http.MethodGet, "/snapshots/{sid}", (*server).getSnapshot, true},
-	{http.MethodDelete, "/snapshots/{sid}", (*server).deleteSnapshot, true},
-	{http.MethodPost, "/snapshots/{sid}/restore", (*server).restoreSnapshot, true},
-	{http.MethodPost, "/snapshots/{sid}/branch", (*server).branchSnapshot, true},
-	{http.MethodGet, "/snapshots/{sid}/diff", (*server).snapshotDiff, true},
-	{http.MethodGet, "/diff", (*server).diff, true},
-	{http.MethodGet, "/images", (*server).listImages, true},
-	{http.MethodPost, "/images/pull", (*server).pullImage, true},
-	{http.MethodPost, "/images/load", (*server).loadImages, true},
-	{http.MethodPost, "/images/prune", (*server).pruneImages, true},
-	{http.MethodGet, "/images/{ref...}", (*server).getImage, true},
-	{http.MethodDelete, "/images/{ref...}", (*server).deleteImage, true},
-	{http.MethodPost, "/jails/{id}/commit", (*server).commitJail, true},
-	{http.MethodGet, "/profiles", (*server).listProfiles, true},
-	{http.MethodPut, "/profiles/{name}", (*server).putProfile, true},
-	{http.MethodDelete, "/profiles/{name}", (*server).deleteProfile, true},
-	{http.MethodPost, "/profiles/{name}/build", (*server).buildProfile, true},
-	{http.MethodPost, "/keys", (*server).createKey, true},
-	{http.MethodGet, "/keys", (*server).listKeys, true},
-	{http.MethodDelete, "/keys/{kid}", (*server).deleteKey, true},
-	{http.MethodGet, "/agents", (*server).listAgents, true},
-	{http.MethodPost, "/agents/{name}/install", (*server).installAgent, true},
-	{http.MethodPost, "/jails/{id}/agent/run", (*server).runAgent, true},
-	{http.MethodPost, "/jails/{id}/agent/session", (*server).agentSession, true},
-	{http.MethodPost, "/jails/{id}/sync", (*server).syncJail, true},
-	{http.MethodPost, "/jails/{id}/previews", (*server).createPreview, true},
+	{http.MethodGet, "/health", (*server).health, public},
+	{http.MethodGet, "/whoami", (*server).whoami, read},
+	{http.MethodGet, "/stats", (*server).stats, read},
+	{http.MethodPost, "/jails", (*server).createJail, write},
+	{http.MethodGet, "/jails", (*server).listJails, read},
+	{http.MethodGet, "/jails/{id}", (*server).getJail, read},
+	{http.MethodPost, "/jails/{id}/start", (*server).startJail, write},
+	{http.MethodPost, "/jails/{id}/stop", (*server).stopJail, write},
+	{http.MethodDelete, "/jails/{id}", (*server).destroyJail, write},
+	{http.MethodPost, "/jails/{id}/exec", (*server).exec, write},
+	{http.MethodPost, "/jails/{id}/exec/stream", (*server).execStream, write},
+	{http.MethodGet, "/jails/{id}/files/{path...}", (*server).getFile, read},
+	{http.MethodPut, "/jails/{id}/files/{path...}", (*server).putFile, write},
+	{http.MethodDelete, "/jails/{id}/files/{path...}", (*server).deleteFile, write},
+	{http.MethodPut, "/jails/{id}/network", (*server).putNetwork, write},
+	{http.MethodGet, "/jails/{id}/network/log", (*server).networkLog, read},
+	{http.MethodGet, "/jails/{id}/events", (*server).events, read},
+	{http.MethodGet, "/jails/{id}/processes", (*server).processes, read},
+	{http.MethodGet, "/jails/{id}/fs/diff", (*server).fsDiff, read},
+	{http.MethodGet, "/jails/{id}/report", (*server).report, read},
+	{http.MethodGet, "/jails/{id}/terminal", (*server).terminal, write},
+	{http.MethodGet, "/jails/{id}/commands/ws", (*server).commandSocket, write},
+	{http.MethodPost, "/jails/{id}/terminal/ticket", (*server).terminalTicket, write},
+	{http.MethodGet, "/jails/{id}/terminals", (*server).listTerminals, read},
+	{http.MethodGet, "/jails/{id}/recordings", (*server).listRecordings, read},
+	{http.MethodGet, "/recordings/{rid}", (*server).getRecording, read},
+	{http.MethodPost, "/jails/{id}/snapshot", (*server).createSnapshot, write},
+	{http.MethodGet, "/jails/{id}/snapshots", (*server).jailSnapshots, read},
+	{http.MethodGet, "/snapshots", (*server).listSnapshots, read},
+	{http.MethodGet, "/snapshots/{sid}", (*server).getSnapshot, read},
+	{http.MethodDelete, "/snapshots/{sid}", (*server).deleteSnapshot, write},
+	{http.MethodPost, "/snapshots/{sid}/restore", (*server).restoreSnapshot, write},
+	{http.MethodPost, "/snapshots/{sid}/branch", (*server).branchSnapshot, write},
+	{http.MethodGet, "/snapshots/{sid}/diff", (*server).snapshotDiff, read},
+	{http.MethodGet, "/diff", (*server).diff, read},
+	{http.MethodGet, "/images", (*server).listImages, read},
+	{http.MethodPost, "/images/pull", (*server).pullImage, write},
+	{http.MethodPost, "/images/load", (*server).loadImages, write},
+	{http.MethodPost, "/images/prune", (*server).pruneImages, adminOnly},
+	{http.MethodGet, "/images/{ref...}", (*server).getImage, read},
+	{http.MethodDelete, "/images/{ref...}", (*server).deleteImage, write},
+	{http.MethodPost, "/jails/{id}/commit", (*server).commitJail, write},
+	{http.MethodGet, "/profiles", (*server).listProfiles, read},
+	{http.MethodPut, "/profiles/{name}", (*server).putProfile, adminOnly},
+	{http.MethodDelete, "/profiles/{name}", (*server).deleteProfile, adminOnly},
+	{http.MethodPost, "/profiles/{name}/build", (*server).buildProfile, write},
+	{http.MethodPost, "/keys", (*server).createKey, tokenOnly},
+	{http.MethodGet, "/keys", (*server).listKeys, tokenOnly},
+	{http.MethodDelete, "/keys/{kid}", (*server).deleteKey, tokenOnly},
+	{http.MethodGet, "/agents", (*server).listAgents, read},
+	{http.MethodPost, "/agents/{name}/install", (*server).installAgent, adminOnly},
+	{http.MethodPost, "/jails/{id}/agent/run", (*server).runAgent, write},
+	{http.MethodPost, "/jails/{id}/agent/session", (*server).agentSession, write},
+	{http.MethodPost, "/jails/{id}/sync", (*server).syncJail, write},
+	{http.MethodPost, "/jails/{id}/previews", (*server).createPreview, write},
+	{http.MethodGet, "/quotas/{tenant}", (*server).getQuota, read},
+	{http.MethodPut, "/quotas/{tenant}", (*server).putQuota, adminOnly},
+	{http.MethodGet, "/audit", (*server).getAudit, read},
 }
 
 type server struct {
@@ -197,6 +231,10 @@ type server struct {
 	previews PreviewService
 	// commands serves the background command WebSocket (nil: 501).
 	commands CommandService
+	// audit records every request that changes state (nil: none).
+	audit *audit.Log
+	// quotas serves the quota routes (nil: 501).
+	quotas QuotaService
 }
 
 // NewServer returns the API's handler: the routes of the route table over
@@ -264,18 +302,65 @@ func (s *server) noRoute(w http.ResponseWriter, r *http.Request, h http.Handler)
 	}
 }
 
-// wrap adds authentication and error writing to a route's handler.
+// wrap adds authentication, the route's access check, the caller's
+// principal in the request's context (which the jail manager's look-ups
+// check against each resource's tenant), error writing, and the audit
+// line of a route that changes state.
 func (s *server) wrap(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rt.auth && !s.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="agentjail"`)
-			writeErrorBody(w, http.StatusUnauthorized, "unauthorized", "missing or invalid bearer token (Authorization: Bearer <token>: the token in DATA_DIR/api-token, or an admin API key)")
-			return
+		start := time.Now()
+		var who tenant.Principal
+		var err error
+		if rt.access != public {
+			who, err = s.authenticate(r)
+			if err == nil {
+				err = rt.access.allows(who)
+			}
+			if err == nil {
+				r = r.WithContext(tenant.NewContext(r.Context(), who))
+			}
 		}
-		if err := rt.handler(s, w, r); err != nil {
+		if err == nil {
+			err = rt.handler(s, w, r)
+		} else if errors.Is(err, errdefs.ErrUnauthorized) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="agentjail"`)
+		}
+		if err != nil {
 			s.writeError(w, r, err)
 		}
+		if rt.access.changes() {
+			s.auditRequest(w, r, rt, who, err, start)
+		}
 	})
+}
+
+// auditRequest writes the audit line of a request to a route that
+// changes state.
+func (s *server) auditRequest(w http.ResponseWriter, r *http.Request, rt route, who tenant.Principal, err error, start time.Time) {
+	if s.audit == nil {
+		return
+	}
+	status := http.StatusOK
+	if rec, ok := w.(*recorder); ok {
+		status = rec.status()
+	}
+	e := audit.Entry{
+		Surface: "api", Who: "anonymous", Action: rt.method + " " + rt.pattern, Target: r.URL.EscapedPath(),
+		Status: status, Result: audit.ResultOf(status), Remote: r.RemoteAddr,
+		DurationMs: float64(time.Since(start).Microseconds()) / 1000,
+	}
+	if who.Kind != "" {
+		e.Who, e.KeyName, e.Tenant, e.Role = who.Who(), who.KeyName, who.Tenant, string(who.Role)
+	}
+	if err != nil {
+		e.Error = err.Error()
+		if e.Result == "ok" {
+			e.Result = "error"
+		}
+	}
+	if werr := s.audit.Write(e); werr != nil {
+		s.log.Error("writing the audit log", "err", werr)
+	}
 }
 
 // recorder remembers the status and byte count of a response for logging.

@@ -142,8 +142,8 @@ func TestAuth(t *testing.T) {
 	for _, rt := range routes {
 		target := strings.NewReplacer("{id}", "x", "{path...}", "a/b").Replace(rt.pattern)
 		w := h.do(rt.method, target, nil, map[string]string{"Authorization": ""})
-		if rt.auth != (w.Code == http.StatusUnauthorized) {
-			t.Errorf("%s %s without a token: status %d (auth %v)", rt.method, rt.pattern, w.Code, rt.auth)
+		if (rt.access != public) != (w.Code == http.StatusUnauthorized) {
+			t.Errorf("%s %s without a token: status %d (access %v)", rt.method, rt.pattern, w.Code, rt.access)
 		}
 	}
 }
@@ -602,8 +602,13 @@ func TestRouteTable(t *testing.T) {
 		if rt.handler == nil {
 			t.Errorf("route %s has no handler", key)
 		}
-		if rt.auth == (rt.pattern == "/health") {
-			t.Errorf("route %s: auth %v", key, rt.auth)
+		if (rt.access == public) != (rt.pattern == "/health") || rt.access < public || rt.access > tokenOnly {
+			t.Errorf("route %s: access %v", key, rt.access)
+		}
+		// A route that changes state is written to the audit log and
+		// refused to viewers: only GET routes may be read-only.
+		if rt.access == read && rt.method != http.MethodGet {
+			t.Errorf("route %s changes state but is open to viewers", key)
 		}
 	}
 	// Every route is reachable: an authorised request never gets the

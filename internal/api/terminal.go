@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // TerminalService is the part of Service behind the terminal routes;
@@ -101,11 +102,12 @@ type ticketStore struct {
 
 type ticket struct {
 	jail    string
+	who     tenant.Principal
 	expires time.Time
 }
 
-// issue makes a ticket for jail ref.
-func (ts *ticketStore) issue(ref string) (string, time.Time, error) {
+// issue makes a ticket for jail ref, acting for who.
+func (ts *ticketStore) issue(ref string, who tenant.Principal) (string, time.Time, error) {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {
 		return "", time.Time{}, fmt.Errorf("terminal ticket: %w", err)
@@ -123,39 +125,40 @@ func (ts *ticketStore) issue(ref string) (string, time.Time, error) {
 			delete(ts.m, k)
 		}
 	}
-	ts.m[tok] = ticket{jail: ref, expires: exp}
+	ts.m[tok] = ticket{jail: ref, who: who, expires: exp}
 	return tok, exp, nil
 }
 
-// redeem consumes a ticket; it reports whether it was valid for ref.
-func (ts *ticketStore) redeem(tok, ref string) bool {
+// redeem consumes a ticket; it returns whom it acts for when it was
+// valid for ref.
+func (ts *ticketStore) redeem(tok, ref string) (tenant.Principal, bool) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	t, ok := ts.m[tok]
 	if !ok {
-		return false
+		return tenant.Principal{}, false
 	}
 	delete(ts.m, tok)
-	return t.jail == ref && time.Now().Before(t.expires)
+	return t.who, t.jail == ref && time.Now().Before(t.expires)
 }
 
 // terminalPattern is the route of the terminal WebSocket, whose query
 // may carry credentials.
 const terminalPattern = "GET /jails/{id}/terminal"
 
-// queryAuthorized accepts the token as the token query parameter
+// queryPrincipal accepts the token as the token query parameter
 // (browsers cannot set headers on a WebSocket) or a ticket from POST
-// /jails/{id}/terminal/ticket as the ticket parameter. Query strings are
-// never logged.
-func (s *server) queryAuthorized(r *http.Request) bool {
+// /jails/{id}/terminal/ticket as the ticket parameter, which acts for
+// whoever asked for it. Query strings are never logged.
+func (s *server) queryPrincipal(r *http.Request) (tenant.Principal, bool) {
 	q := r.URL.Query()
 	if tok := q.Get("token"); tok != "" && s.token != "" {
-		return subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1
+		return tenant.Token, subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) == 1
 	}
 	if t := q.Get("ticket"); t != "" {
 		return s.tickets.redeem(t, r.PathValue("id"))
 	}
-	return false
+	return tenant.Principal{}, false
 }
 
 func (s *server) terminalTicket(w http.ResponseWriter, r *http.Request) error {
@@ -163,7 +166,8 @@ func (s *server) terminalTicket(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.svc.Get(r.Context(), r.PathValue("id")); err != nil {
 		return err
 	}
-	tok, exp, err := s.tickets.issue(r.PathValue("id"))
+	who, _ := tenant.FromContext(r.Context())
+	tok, exp, err := s.tickets.issue(r.PathValue("id"), who)
 	if err != nil {
 		return err
 	}

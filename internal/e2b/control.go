@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/api"
+	"github.com/agentjail/agentjail/internal/audit"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/observe"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // envdVersion is the envd version the sandbox plane implements; the SDK
@@ -68,22 +70,30 @@ func (s *Service) routes() {
 // handler's error as the SDK expects it: {"code": status, "message"}.
 func (s *Service) control(write bool, h controlHandler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		c, err := s.authenticate(r)
 		if err == nil && write && !c.key.Role.CanWrite() {
 			err = errdefs.Forbiddenf("API key %s is a viewer's: it may only read", c.key.ID)
 		}
 		if err == nil {
+			// The jails the sandbox's operations make belong to the
+			// key's tenant, and the manager's look-ups check it.
+			r = r.WithContext(tenant.NewContext(r.Context(), c.principal()))
 			err = h(s, c, w, r)
 		}
+		status := http.StatusOK
 		if err != nil {
-			s.writeError(w, r, err)
+			status = s.writeError(w, r, err)
+		}
+		if write {
+			s.auditRequest(r, c, status, err, start)
 		}
 	})
 }
 
 // writeError answers err with its status (api.HTTPStatus) and the body
 // the SDK reads.
-func (s *Service) writeError(w http.ResponseWriter, r *http.Request, err error) {
+func (s *Service) writeError(w http.ResponseWriter, r *http.Request, err error) int {
 	status := api.HTTPStatus(err)
 	msg := err.Error()
 	if status == http.StatusInternalServerError {
@@ -91,6 +101,30 @@ func (s *Service) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		msg = "internal error (see the daemon's log)"
 	}
 	writeAPIError(w, status, msg)
+	return status
+}
+
+// auditRequest writes the audit line of a control-plane request that
+// changes state.
+func (s *Service) auditRequest(r *http.Request, c caller, status int, err error, start time.Time) {
+	if s.opts.Audit == nil {
+		return
+	}
+	e := audit.Entry{
+		Surface: "e2b", Who: "anonymous", Action: r.Method + " " + r.URL.Path, Target: r.URL.Path,
+		Status: status, Result: audit.ResultOf(status), Remote: r.RemoteAddr,
+		DurationMs: float64(time.Since(start).Microseconds()) / 1000,
+	}
+	if c.key.Role != "" {
+		p := c.principal()
+		e.Who, e.KeyName, e.Tenant, e.Role = p.Who(), p.KeyName, p.Tenant, string(p.Role)
+	}
+	if err != nil {
+		e.Error = err.Error()
+	}
+	if werr := s.opts.Audit.Write(e); werr != nil {
+		s.log.Error("e2b: writing the audit log", "err", werr)
+	}
 }
 
 func writeAPIError(w http.ResponseWriter, status int, msg string) {

@@ -31,12 +31,14 @@ import (
 	"sync"
 
 	"github.com/agentjail/agentjail/internal/apikey"
+	"github.com/agentjail/agentjail/internal/audit"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/observe"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // Jails is what the E2B surface needs of the jail manager (*jail.Manager
@@ -83,6 +85,8 @@ type Options struct {
 	Prefix string
 	// Log receives diagnostics (default: discard).
 	Log *slog.Logger
+	// Audit records the control plane's state changes (nil: none).
+	Audit *audit.Log
 }
 
 // Service serves the E2B-compatible API over a jail manager.
@@ -174,6 +178,17 @@ type caller struct {
 	key apikey.Key
 }
 
+// principal is the caller as the jail manager knows it.
+func (c caller) principal() tenant.Principal {
+	if c.key.ID == adminTokenID {
+		return tenant.Token
+	}
+	return tenant.FromKey(c.key)
+}
+
+// adminTokenID stands for the daemon's token sent as X-API-KEY.
+const adminTokenID = "admin-token"
+
 func (c caller) sees(sb *sandbox) bool {
 	return c.key.Role == apikey.RoleAdmin || c.key.Tenant == sb.rec.Tenant
 }
@@ -185,7 +200,7 @@ func (s *Service) authenticate(r *http.Request) (caller, error) {
 		return caller{}, errdefs.New(errdefs.ErrUnauthorized, "missing X-API-KEY (an API key from `agentjail keys create`)")
 	}
 	if s.opts.AdminToken != "" && subtle.ConstantTimeCompare([]byte(k), []byte(s.opts.AdminToken)) == 1 {
-		return caller{key: apikey.Key{ID: "admin-token", Tenant: apikey.DefaultTenant, Role: apikey.RoleAdmin}}, nil
+		return caller{key: apikey.Key{ID: adminTokenID, Tenant: apikey.DefaultTenant, Role: apikey.RoleAdmin}}, nil
 	}
 	if s.opts.Keys == nil {
 		return caller{}, errdefs.New(errdefs.ErrUnauthorized, "invalid API key")

@@ -25,6 +25,7 @@ var (
 	ErrTimeout        = errors.New("timeout")          // 504
 	ErrUnresponsive   = errors.New("unresponsive")     // 504: a jail's init does not answer
 	ErrNoSpace        = errors.New("no space")         // 507: the data dir's disk is full (so is an error wrapping ENOSPC)
+	ErrQuota          = errors.New("quota exceeded")   // 429: a tenant's quota is used up (until something is freed)
 )
 
 // kindError carries a message and a kind, and optionally a cause.
@@ -114,4 +115,5 @@ var kinds = []struct {
 	{ErrTimeout, "timeout"},
 	{ErrUnresponsive, "jail_unresponsive"},
 	{ErrNoSpace, "no_space"},
+	{ErrQuota, "quota_exceeded"},
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/snapshot"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // Images returns the manager's image store.
@@ -69,6 +70,10 @@ func (m *Manager) resolveImage(ctx context.Context, cfg *config.Config) (release
 		return func() {}, nil
 	}
 	img, release, err := m.images.Acquire(ref)
+	if err == nil && !m.imageOwners.visible(ctx, img) {
+		release()
+		err = errdefs.NotFoundf("no image %q", ref)
+	}
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, errdefs.Unprocessablef("isolation.filesystem.rootfs: image %q is not in the store (agentjail pull %s)", ref, ref)
 	}
@@ -112,29 +117,67 @@ func applyImageConfig(cfg *config.Config, ic model.ImageConfig) {
 	}
 }
 
-// ListImages returns every image of the store, newest first.
+// ListImages returns every image of the store the caller of ctx may
+// see, newest first.
 func (m *Manager) ListImages(ctx context.Context) ([]*model.Image, error) {
-	return m.images.List(), nil
+	all := m.images.List()
+	out := all[:0:0]
+	for _, img := range all {
+		if m.imageOwners.visible(ctx, img) {
+			out = append(out, img)
+		}
+	}
+	return out, nil
 }
 
 // GetImage returns the image ref names.
 func (m *Manager) GetImage(ctx context.Context, ref string) (*model.Image, error) {
-	return m.images.Get(ref)
+	return m.visibleImage(ctx, ref)
 }
 
-// PullImage pulls ref into the store, reporting per-layer progress.
+// PullImage pulls ref into the store, reporting per-layer progress; the
+// image then belongs to the caller's tenant too.
 func (m *Manager) PullImage(ctx context.Context, ref string, progress func(model.PullProgress)) (*model.Image, error) {
-	return m.images.Pull(ctx, ref, image.PullOptions{Progress: progress})
+	img, err := m.images.Pull(ctx, ref, image.PullOptions{Progress: progress})
+	if err != nil {
+		return nil, err
+	}
+	return img, m.imageOwners.add(img.ID, tenant.Owner(ctx), false)
 }
 
-// RemoveImage untags (and when unused, removes) the image ref names.
+// RemoveImage untags (and when unused, removes) the image ref names. An
+// image other tenants own too stays: only the caller's claim on it goes.
 func (m *Manager) RemoveImage(ctx context.Context, ref string, force bool) (model.ImageRemoval, error) {
-	return m.images.Remove(ref, force)
+	img, err := m.visibleImage(ctx, ref)
+	if err != nil {
+		return model.ImageRemoval{}, err
+	}
+	if p, ok := tenant.FromContext(ctx); ok && !p.Admin() && !sharedImage(img) {
+		others, err := m.imageOwners.drop(img.ID, p.Tenant)
+		if err != nil || others {
+			return model.ImageRemoval{Untagged: []string{}}, err
+		}
+	} else if ok && !p.Admin() {
+		return model.ImageRemoval{}, errdefs.Forbiddenf("image %s is built from a profile the daemon shares; only an admin may remove it", ref)
+	}
+	rm, err := m.images.Remove(ref, force)
+	if err == nil && rm.Deleted != "" {
+		m.imageOwners.forget(rm.Deleted)
+	}
+	return rm, err
 }
 
-// PruneImages removes unused images and unreferenced layers.
+// PruneImages removes unused images and unreferenced layers, whichever
+// tenant they belong to: an admin's operation.
 func (m *Manager) PruneImages(ctx context.Context, all bool) (model.ImagePrune, error) {
-	return m.images.Prune(all)
+	if p, ok := tenant.FromContext(ctx); ok && !p.Admin() {
+		return model.ImagePrune{}, errdefs.Forbiddenf("pruning the image store touches every tenant's images: only an admin key or the token may")
+	}
+	pr, err := m.images.Prune(all)
+	if err == nil {
+		m.imageOwners.forget(pr.Images...)
+	}
+	return pr, err
 }
 
 // ImageUsage accounts the image store's disk use.
@@ -144,7 +187,11 @@ func (m *Manager) ImageUsage(ctx context.Context) (model.ImageUsage, error) {
 
 // LoadImages imports the images of the archive at path.
 func (m *Manager) LoadImages(ctx context.Context, path string, progress func(model.PullProgress)) ([]*model.Image, error) {
-	return m.images.Load(ctx, path, progress)
+	imgs, err := m.images.Load(ctx, path, progress)
+	for _, img := range imgs {
+		err = errors.Join(err, m.imageOwners.add(img.ID, tenant.Owner(ctx), false))
+	}
+	return imgs, err
 }
 
 // LoadDir is where the API spools uploaded archives (on the store's
@@ -154,7 +201,7 @@ func (m *Manager) LoadDir() string { return m.images.TmpDir() }
 // Commit writes the jail's changes (its upper layer, without the files
 // the daemon itself puts there) as a layer on top of the jail's image.
 func (m *Manager) Commit(ctx context.Context, ref string, req model.CommitRequest) (*model.Image, error) {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -178,10 +225,14 @@ func (m *Manager) Commit(ctx context.Context, ref string, req model.CommitReques
 		return nil, errdefs.Conflictf("jail %s: its disk is not mounted (%v)", j.Name, err)
 	}
 	shift := lb.IDShift(m.instance(e))
-	return m.images.Commit(ctx, image.CommitRequest{
+	img, err := m.images.Commit(ctx, image.CommitRequest{
 		Parent: parent, Upper: upper, Shift: shift, Tag: req.Ref, Comment: req.Comment,
 		Skip: daemonWritten,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return img, m.imageOwners.add(img.ID, tenant.Of(j.Tenant), true)
 }
 
 // daemonWritten reports the jail paths the daemon itself writes into a

@@ -1,6 +1,8 @@
 package jail
 
 import (
+	"context"
+
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 )
@@ -10,8 +12,8 @@ import (
 // to put files there (an agent's workspace and home) that the jail's first
 // process already finds: ErrConflict once it has started, ErrNotImplemented
 // when its backend has no such layer or the jail maps its users.
-func (m *Manager) WritableLayer(ref string) (lower, upper string, err error) {
-	e, err := m.lookup(ref)
+func (m *Manager) WritableLayer(ctx context.Context, ref string) (lower, upper string, err error) {
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return "", "", err
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/agentjail/agentjail/internal/profile"
 	"github.com/agentjail/agentjail/internal/rootfs"
 	"github.com/agentjail/agentjail/internal/storage"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // Version is the daemon's version, reported by /health.
@@ -82,6 +83,8 @@ type Options struct {
 	// DebianMirror is the mirror profiles are built from (default:
 	// mmdebstrap's).
 	DebianMirror string
+	// Quotas limits what each tenant may hold (nil: no limits).
+	Quotas *tenant.Quotas
 }
 
 // Manager owns every jail of one data dir.
@@ -106,6 +109,8 @@ type Manager struct {
 	warm *warmPool
 	// images is the image store of `image:` jails (images.go).
 	images *image.Store
+	// imageOwners says which tenants own which images (imagetenants.go).
+	imageOwners *imageTenants
 	// profiles builds the images of `profile:` and `nix:` jails.
 	profiles *profile.Builder
 	// regCache serves the registry cache to jails (regcache.go).
@@ -188,6 +193,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m.images.SetInUse(m.imagesInUse)
+	if m.imageOwners, err = openImageTenants(dataDir); err != nil {
+		return nil, err
+	}
 	if opts.ProfileCache == "" {
 		opts.ProfileCache = "/var/cache/agentjail/profiles"
 	}
@@ -361,17 +369,23 @@ func hostname(j *model.Jail) string {
 	return strings.Trim(h, "-")
 }
 
-// lookup finds a jail by id or name.
-func (m *Manager) lookup(ref string) (*entry, error) {
+// lookup finds a jail by id or name, as the caller of ctx may see it: a
+// jail of another tenant is not found (internal/tenant). Every operation
+// on a jail goes through here, which makes it the one place where a
+// request's tenant meets the jail's.
+func (m *Manager) lookup(ctx context.Context, ref string) (*entry, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e, ok := m.jails[ref]; ok {
-		return e, nil
+	e, ok := m.jails[ref]
+	if !ok {
+		if id, named := m.names[ref]; named {
+			e, ok = m.jails[id], true
+		}
 	}
-	if id, ok := m.names[ref]; ok {
-		return m.jails[id], nil
+	m.mu.Unlock()
+	if !ok || !tenant.Visible(ctx, e.snapshot().Tenant) {
+		return nil, errdefs.NotFoundf("no jail with id or name %q", ref)
 	}
-	return nil, errdefs.NotFoundf("no jail with id or name %q", ref)
+	return e, nil
 }
 
 // persist writes the record atomically to jail.json.
@@ -418,6 +432,10 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 			return nil, err
 		}
 	}
+	owner := tenant.Owner(ctx)
+	if err := m.admit(owner, jailUsage(&cfg)); err != nil {
+		return nil, err
+	}
 	if m.warm != nil && (req.Start == nil || *req.Start) && m.warm.matches(&cfg) {
 		if j, err := m.takeWarm(ctx, req.Name); j != nil || err != nil {
 			return j, err
@@ -428,7 +446,7 @@ func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.J
 	if name == "" {
 		name = "jail-" + id[:6]
 	}
-	e := &entry{dir: m.jailDir(id), rec: model.Jail{ID: id, Name: name, Status: model.StateCreated, CreatedAt: time.Now().UTC(), Config: cfg}}
+	e := &entry{dir: m.jailDir(id), rec: model.Jail{ID: id, Name: name, Tenant: owner, Status: model.StateCreated, CreatedAt: time.Now().UTC(), Config: cfg}}
 	if err := m.register(e); err != nil {
 		return nil, err
 	}
@@ -526,12 +544,16 @@ func (m *Manager) releaseJail(ctx context.Context, e *entry, recordless bool) {
 }
 
 // register adds a new jail to the indexes, reserving its name
-// (ErrConflict when another jail has it).
+// (ErrConflict when another jail has it) and its share of its tenant's
+// quota (ErrQuota, ErrForbidden: see tenant.Quota.Admit).
 func (m *Manager) register(e *entry) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, taken := m.names[e.rec.Name]; taken {
 		return errdefs.Conflictf("a jail named %q already exists", e.rec.Name)
+	}
+	if err := m.admitLocked(e.rec.Tenant, jailUsage(&e.rec.Config)); err != nil {
+		return err
 	}
 	m.names[e.rec.Name] = e.rec.ID
 	m.jails[e.rec.ID] = e
@@ -549,12 +571,14 @@ func (m *Manager) forget(e *entry) {
 	m.mu.Unlock()
 }
 
-// List returns every jail, oldest first.
+// List returns every jail the caller of ctx may see, oldest first.
 func (m *Manager) List(ctx context.Context) ([]*model.Jail, error) {
 	m.mu.Lock()
 	out := make([]*model.Jail, 0, len(m.jails))
 	for _, e := range m.jails {
-		out = append(out, e.view())
+		if j := e.view(); tenant.Visible(ctx, j.Tenant) {
+			out = append(out, j)
+		}
 	}
 	m.mu.Unlock()
 	sort.Slice(out, func(a, b int) bool {
@@ -568,7 +592,7 @@ func (m *Manager) List(ctx context.Context) ([]*model.Jail, error) {
 
 // Get returns a jail with live stats when it runs.
 func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -589,7 +613,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*model.Jail, error) {
 
 // Start starts a created, stopped or failed jail.
 func (m *Manager) Start(ctx context.Context, ref string) (*model.Jail, error) {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -700,7 +724,7 @@ func (m *Manager) initExited(e *entry, pid int) {
 // Stop stops a running (or failed) jail, waiting up to grace for its
 // processes to exit before killing them.
 func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*model.Jail, error) {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -735,7 +759,7 @@ func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*m
 
 // Destroy kills a jail's processes and releases everything it has.
 func (m *Manager) Destroy(ctx context.Context, ref string) error {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ func req(name, level string, start bool) model.CreateRequest {
 // (the manager reacts to a dying init on a goroutine of its own).
 func settled(t *testing.T, m *Manager, ref string) *model.Jail {
 	t.Helper()
-	e, err := m.lookup(ref)
+	e, err := m.lookup(context.Background(), ref)
 	if err != nil {
 		t.Fatal(err)
 	}

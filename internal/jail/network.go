@@ -43,7 +43,7 @@ func (r hostsResolver) LookupNetIP(ctx context.Context, network, host string) ([
 // UpdateNetwork replaces a jail's network policy. A running jail obeys it
 // for new connections at once. The mode cannot change while it runs.
 func (m *Manager) UpdateNetwork(ctx context.Context, ref string, n config.Network) (*model.Jail, error) {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func (m *Manager) EventLog(ctx context.Context, ref, stream string) (io.ReadClos
 	if !ok {
 		return nil, errdefs.Invalidf("event stream %q: want network, syscalls, filesystem, processes or jail", stream)
 	}
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -380,7 +380,7 @@ func (m *Manager) Events(ctx context.Context, ref string, after uint64, types []
 		}
 		mask |= observe.MaskOf(typ)
 	}
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -395,7 +395,7 @@ func (m *Manager) Events(ctx context.Context, ref string, after uint64, types []
 
 // Processes returns the jail's process tree as observed.
 func (m *Manager) Processes(ctx context.Context, ref string) (*model.ProcessTree, error) {
-	_, o, err := m.observation(ref)
+	_, o, err := m.observation(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -405,8 +405,8 @@ func (m *Manager) Processes(ctx context.Context, ref string) (*model.ProcessTree
 	return &t, nil
 }
 
-func (m *Manager) observation(ref string) (*entry, *observation, error) {
-	e, err := m.lookup(ref)
+func (m *Manager) observation(ctx context.Context, ref string) (*entry, *observation, error) {
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -421,7 +421,7 @@ func (m *Manager) observation(ref string) (*entry, *observation, error) {
 
 // Report returns the whole observation of a jail as one document.
 func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error) {
-	e, o, err := m.observation(ref)
+	e, o, err := m.observation(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -739,7 +739,7 @@ func (a *aggregate) fill(r *model.Report) {
 // FsDiff lists what the jail changed in its root filesystem (its overlay
 // upper against the lower tree).
 func (m *Manager) FsDiff(ctx context.Context, ref string, text bool) (*model.FsDiff, error) {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -32,8 +32,8 @@ func blocked(inst backend.Instance, p string) error {
 }
 
 // runningPath is running plus the blocked-path check of p.
-func (m *Manager) runningPath(ref, p string) (backend.Instance, *initclient.Client, error) {
-	inst, c, err := m.running(ref)
+func (m *Manager) runningPath(ctx context.Context, ref, p string) (backend.Instance, *initclient.Client, error) {
+	inst, c, err := m.running(ctx, ref)
 	if err != nil {
 		return inst, nil, err
 	}
@@ -45,8 +45,8 @@ func (m *Manager) runningPath(ref, p string) (backend.Instance, *initclient.Clie
 
 // running returns the jail's instance and init client, or ErrConflict when
 // it does not run.
-func (m *Manager) running(ref string) (backend.Instance, *initclient.Client, error) {
-	e, err := m.lookup(ref)
+func (m *Manager) running(ctx context.Context, ref string) (backend.Instance, *initclient.Client, error) {
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return backend.Instance{}, nil, err
 	}
@@ -139,7 +139,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 	if err := validateExec(&req); err != nil {
 		return nil, err
 	}
-	inst, client, err := m.running(ref)
+	inst, client, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +237,7 @@ func (m *Manager) Stat(ctx context.Context, ref, p string) (*model.FileInfo, err
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.runningPath(ref, p)
+	_, c, err := m.runningPath(ctx, ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +254,7 @@ func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]model.FileInfo,
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.runningPath(ref, p)
+	_, c, err := m.runningPath(ctx, ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +274,7 @@ func (m *Manager) ReadFile(ctx context.Context, ref, p string) (*model.FileInfo,
 	if err := checkPath(p); err != nil {
 		return nil, nil, err
 	}
-	_, c, err := m.runningPath(ref, p)
+	_, c, err := m.runningPath(ctx, ref, p)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -291,7 +291,7 @@ func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opt
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	inst, c, err := m.runningPath(ref, p)
+	inst, c, err := m.runningPath(ctx, ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +312,7 @@ func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts model.WriteOpti
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	inst, c, err := m.runningPath(ref, p)
+	inst, c, err := m.runningPath(ctx, ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +337,7 @@ func (m *Manager) Remove(ctx context.Context, ref, p string, recursive bool) err
 	if p == "/" {
 		return errdefs.Forbiddenf("refusing to remove the jail's root")
 	}
-	_, c, err := m.runningPath(ref, p)
+	_, c, err := m.runningPath(ctx, ref, p)
 	if err != nil {
 		return err
 	}
@@ -352,7 +352,7 @@ func (m *Manager) Access(ctx context.Context, ref, p, mode, user string) (*model
 	if mode != "read" && mode != "write" {
 		return nil, errdefs.Invalidf("access: mode %q must be read or write", mode)
 	}
-	inst, c, err := m.running(ref)
+	inst, c, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ func (m *Manager) StartProcess(ctx context.Context, ref string, req model.ExecRe
 	if err := validateExec(&req); err != nil {
 		return nil, err
 	}
-	inst, c, err := m.running(ref)
+	inst, c, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +47,7 @@ func (m *Manager) StartProcess(ctx context.Context, ref string, req model.ExecRe
 // AttachProcess attaches to a command started by StartProcess, by its
 // pid: its output from now on, then its exit (see initclient.AttachProcess).
 func (m *Manager) AttachProcess(ctx context.Context, ref string, pid int) (*initclient.Process, error) {
-	_, c, err := m.running(ref)
+	_, c, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +57,7 @@ func (m *Manager) AttachProcess(ctx context.Context, ref string, pid int) (*init
 // ProcessInput writes to the stdin of a command started by StartProcess
 // (types into its terminal), then with close ends its stdin.
 func (m *Manager) ProcessInput(ctx context.Context, ref string, pid int, data []byte, close bool) error {
-	_, c, err := m.running(ref)
+	_, c, err := m.running(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -70,7 +70,7 @@ func (m *Manager) ResizeProcess(ctx context.Context, ref string, pid, rows, cols
 	if rows < 1 || cols < 1 || rows > maxTermSize || cols > maxTermSize {
 		return invalidSize(rows, cols)
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.running(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func (m *Manager) SignalProcess(ctx context.Context, ref string, pid int, sig st
 	if !validSignal(sig) {
 		return invalidSignal(sig)
 	}
-	_, c, err := m.running(ref)
+	_, c, err := m.running(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -93,7 +93,7 @@ func (m *Manager) SignalProcess(ctx context.Context, ref string, pid int, sig st
 // Commands lists the commands init runs in the jail (execs, detached
 // commands and terminal sessions), by pid.
 func (m *Manager) Commands(ctx context.Context, ref string) ([]initproto.ProcessInfo, error) {
-	_, c, err := m.running(ref)
+	_, c, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +106,7 @@ func (m *Manager) WatchDir(ctx context.Context, ref, p string, recursive bool) (
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
-	_, c, err := m.runningPath(ref, p)
+	_, c, err := m.runningPath(ctx, ref, p)
 	if err != nil {
 		return nil, err
 	}
@@ -124,11 +124,11 @@ func (m *Manager) Rename(ctx context.Context, ref, from, to string) (*model.File
 			return nil, invalidRoot()
 		}
 	}
-	_, c, err := m.runningPath(ref, from)
+	_, c, err := m.runningPath(ctx, ref, from)
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := m.runningPath(ref, to); err != nil {
+	if _, _, err := m.runningPath(ctx, ref, to); err != nil {
 		return nil, err
 	}
 	if err := c.Rename(ctx, from, to); err != nil {

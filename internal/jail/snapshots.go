@@ -14,6 +14,7 @@ import (
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/snapshot"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // snapshotState is the manager's part of snapshots: the store and the
@@ -22,6 +23,10 @@ type snapshotState struct {
 	store *snapshot.Store
 	mu    sync.Mutex
 	busy  map[string]int
+	// pending counts the snapshots being taken, by tenant; admit
+	// serialises the quota checks that add to it.
+	pending map[string]int
+	admit   sync.Mutex
 }
 
 // openSnapshots opens the snapshot store of the data dir (the storage
@@ -32,7 +37,7 @@ func (m *Manager) openSnapshots() error {
 	if err != nil {
 		return err
 	}
-	m.snaps = &snapshotState{store: st, busy: map[string]int{}}
+	m.snaps = &snapshotState{store: st, busy: map[string]int{}, pending: map[string]int{}}
 	return nil
 }
 
@@ -85,10 +90,10 @@ func (m *Manager) checkpointer(level, verb string) (backend.Backend, backend.Che
 
 // use marks snapshot sid in use until the returned function is called;
 // errdefs.ErrNotFound if it does not exist.
-func (m *Manager) use(sid string) (*model.Snapshot, func(), error) {
+func (m *Manager) use(ctx context.Context, sid string) (*model.Snapshot, func(), error) {
 	m.snaps.mu.Lock()
 	defer m.snaps.mu.Unlock()
-	snap, err := m.snaps.store.Get(sid)
+	snap, err := m.getSnapshot(ctx, sid)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -123,7 +128,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 			return nil, err
 		}
 	}
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +139,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 	if caps := b.Capabilities(); mode == model.SnapshotFull && !caps.Checkpoint {
 		return nil, errdefs.NotImplementedf("snapshots of processes are unavailable at the %s level: %s (mode fs still works)", caps.Level, caps.CheckpointReason)
 	}
+	unreserve, err := m.reserveSnapshot(e.snapshot().Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer unreserve()
 	e.op.Lock()
 	defer e.op.Unlock()
 	j := e.snapshot()
@@ -159,7 +169,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 		}
 	}()
 	snap := &model.Snapshot{
-		ID: sid, Name: name, JailID: j.ID, JailName: j.Name, Mode: mode,
+		ID: sid, Name: name, Tenant: tenant.Of(j.Tenant), JailID: j.ID, JailName: j.Name, Mode: mode,
 		Parent: model.Lineage{Kind: model.LineageJail, ID: j.ID, Name: j.Name},
 		Config: j.Config, EventPositions: eventPositions(e.dir),
 	}
@@ -235,12 +245,21 @@ func eventPositions(dir string) map[string]int64 {
 // is ""), oldest first. A jail that is gone still has its snapshots: ref
 // may then be the id of the destroyed jail.
 func (m *Manager) ListSnapshots(ctx context.Context, ref string) ([]*model.Snapshot, error) {
-	list, err := m.snaps.store.List()
-	if err != nil || ref == "" {
-		return list, err
+	all, err := m.snaps.store.List()
+	if err != nil {
+		return nil, err
+	}
+	list := all[:0:0]
+	for _, s := range all {
+		if tenant.Visible(ctx, s.Tenant) {
+			list = append(list, s)
+		}
+	}
+	if ref == "" {
+		return list, nil
 	}
 	id := ref
-	if e, err := m.lookup(ref); err == nil {
+	if e, err := m.lookup(ctx, ref); err == nil {
 		id = e.snapshot().ID
 	} else {
 		found := false
@@ -262,7 +281,21 @@ func (m *Manager) ListSnapshots(ctx context.Context, ref string) ([]*model.Snaps
 
 // GetSnapshot returns snapshot sid (errdefs.ErrNotFound if none).
 func (m *Manager) GetSnapshot(ctx context.Context, sid string) (*model.Snapshot, error) {
-	return m.snaps.store.Get(sid)
+	return m.getSnapshot(ctx, sid)
+}
+
+// getSnapshot finds snapshot sid as the caller of ctx may see it: a
+// snapshot of another tenant is not found. Every operation on a snapshot
+// goes through here.
+func (m *Manager) getSnapshot(ctx context.Context, sid string) (*model.Snapshot, error) {
+	snap, err := m.snaps.store.Get(sid)
+	if err != nil {
+		return nil, err
+	}
+	if !tenant.Visible(ctx, snap.Tenant) {
+		return nil, errdefs.NotFoundf("no snapshot %q", sid)
+	}
+	return snap, nil
 }
 
 // DeleteSnapshot removes snapshot sid and everything it holds (process
@@ -271,7 +304,7 @@ func (m *Manager) GetSnapshot(ctx context.Context, sid string) (*model.Snapshot,
 func (m *Manager) DeleteSnapshot(ctx context.Context, sid string) error {
 	m.snaps.mu.Lock()
 	defer m.snaps.mu.Unlock()
-	if _, err := m.snaps.store.Get(sid); err != nil {
+	if _, err := m.getSnapshot(ctx, sid); err != nil {
 		return err
 	}
 	if m.snaps.busy[sid] > 0 {
@@ -285,7 +318,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, sid string) error {
 // filesystem, fresh namespaces (a new network namespace), and the
 // snapshot's processes resumed (mode full) or a fresh init (mode fs).
 func (m *Manager) Restore(ctx context.Context, sid, name string) (*model.Jail, error) {
-	snap, done, err := m.use(sid)
+	snap, done, err := m.use(ctx, sid)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +345,7 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 			jname = derivedName(snap.Name, id)
 		}
 		e = &entry{dir: m.jailDir(id), rec: model.Jail{
-			ID: id, Name: jname, Status: model.StateStarting, CreatedAt: time.Now().UTC(), Config: snap.Config,
+			ID: id, Name: jname, Tenant: tenant.Of(snap.Tenant), Status: model.StateStarting, CreatedAt: time.Now().UTC(), Config: snap.Config,
 			Parent: &model.Lineage{Kind: model.LineageSnapshot, ID: snap.ID, Name: snap.Name},
 		}}
 		err := m.register(e)
@@ -449,7 +482,7 @@ func (m *Manager) Branch(ctx context.Context, sid string, req model.BranchReques
 	if err != nil {
 		return nil, err
 	}
-	snap, done, err := m.use(sid)
+	snap, done, err := m.use(ctx, sid)
 	if err != nil {
 		return nil, err
 	}
@@ -514,7 +547,7 @@ type side struct {
 // openSide resolves ref as a snapshot id or a jail ref.
 func (m *Manager) openSide(ctx context.Context, ref string) (*side, error) {
 	if snapshot.ValidID(ref) {
-		if snap, done, err := m.use(ref); err == nil {
+		if snap, done, err := m.use(ctx, ref); err == nil {
 			cfg := snap.Config
 			b, err := m.levels.Get(cfg.Isolation.Level)
 			if err != nil {
@@ -542,7 +575,7 @@ func (m *Manager) openSide(ctx context.Context, ref string) (*side, error) {
 			}}, nil
 		}
 	}
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, errdefs.NotFoundf("no jail or snapshot %q", ref)
 	}
@@ -592,11 +625,11 @@ func (m *Manager) release(s *side) {
 
 // SnapshotDiff compares snapshot sid with its jail as it is now.
 func (m *Manager) SnapshotDiff(ctx context.Context, sid string, text bool) (*model.FsDiff, error) {
-	snap, err := m.snaps.store.Get(sid)
+	snap, err := m.getSnapshot(ctx, sid)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.lookup(snap.JailID); err != nil {
+	if _, err := m.lookup(ctx, snap.JailID); err != nil {
 		return nil, errdefs.Conflictf("snapshot %s: its jail %s no longer exists; compare it with GET /diff", sid, snap.JailName)
 	}
 	return m.Diff(ctx, sid, snap.JailID, text)

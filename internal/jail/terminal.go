@@ -54,11 +54,11 @@ func (m *Manager) OpenTerminal(ctx context.Context, ref string, req model.Termin
 	if err := checkTermSize("cols", req.Cols); err != nil {
 		return nil, err
 	}
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	inst, c, err := m.running(ref)
+	inst, c, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func (t *terminal) Close() error { return t.t.Close() }
 
 // Terminals lists a running jail's terminal sessions.
 func (m *Manager) Terminals(ctx context.Context, ref string) ([]model.TerminalSession, error) {
-	inst, c, err := m.running(ref)
+	inst, c, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +236,7 @@ func (m *Manager) finalizeRecordings(e *entry, running bool) {
 // Recordings lists a jail's recordings (those of running sessions too),
 // oldest first; finished ones are finalized first.
 func (m *Manager) Recordings(ctx context.Context, ref string) ([]model.Recording, error) {
-	e, err := m.lookup(ref)
+	e, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -276,10 +276,8 @@ func (m *Manager) OpenRecording(ctx context.Context, rid string) (*model.Recordi
 	if !ok || jailID == "" || sid == "" || strings.ContainsAny(rid, "/.\x00") || path.Base(rid) != rid {
 		return nil, nil, errdefs.NotFoundf("no recording %q (ids look like {jail id}-{session id})", rid)
 	}
-	m.mu.Lock()
-	e := m.jails[jailID]
-	m.mu.Unlock()
-	if e == nil {
+	e, err := m.lookup(ctx, jailID)
+	if err != nil {
 		return nil, nil, errdefs.NotFoundf("no recording %q: its jail %s does not exist", rid, jailID)
 	}
 	m.finalizeRecordings(e, e.snapshot().Status == model.StateRunning)

@@ -37,8 +37,10 @@ type CreateRequest struct {
 
 // Jail is a jail as the API reports it.
 type Jail struct {
-	ID        string        `json:"id"`
-	Name      string        `json:"name"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Tenant is the tenant the jail belongs to (internal/tenant).
+	Tenant    string        `json:"tenant,omitempty"`
 	Status    State         `json:"status"`
 	CreatedAt time.Time     `json:"created_at"`
 	StartedAt *time.Time    `json:"started_at,omitempty"`

@@ -35,6 +35,8 @@ type Lineage struct {
 type Snapshot struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`
+	// Tenant is the tenant of the jail the snapshot was taken of.
+	Tenant string `json:"tenant,omitempty"`
 	// JailID and JailName name the jail the snapshot was taken of.
 	JailID   string `json:"jail_id"`
 	JailName string `json:"jail_name"`
