@@ -217,6 +217,9 @@ func (s *Service) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 		res.ExitCode, _ = strconv.Atoi(req.Cmd[1])
 		stderr.WriteString(req.Cmd[2])
 	case "kill":
+		if len(req.Cmd) != 2 {
+			return nil, errdefs.Invalidf("kill: usage kill SIGNAL")
+		}
 		res.Signal, res.ExitCode = req.Cmd[1], 137
 	default:
 		return nil, errdefs.NotFoundf("cmd[0]: %q: executable not found", req.Cmd[0])
