@@ -63,6 +63,26 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"isolation.network.allowed_egress[0].ports[0]", func(c *Config) {
 			c.Isolation.Network.AllowedEgress = []EgressRule{{Destination: "example.com", Ports: []int{70000}}}
 		}},
+		// What the network policy would refuse when the jail is made is
+		// refused here, before anything is made.
+		{"isolation.network.allowed_egress[0].destination", func(c *Config) {
+			c.Isolation.Network.AllowedEgress = []EgressRule{{Destination: "bad host!"}}
+		}},
+		{"isolation.network.blocked_egress[0].destination", func(c *Config) {
+			c.Isolation.Network.BlockedEgress = []EgressRule{{Destination: "10.0.0.0/99"}}
+		}},
+		{"isolation.network.allowed_ingress[0].source", func(c *Config) {
+			c.Isolation.Network.AllowedIngress = []IngressRule{{Source: "example.com"}}
+		}},
+		{"isolation.network.inter_agent_rules[0]", func(c *Config) {
+			c.Isolation.Network.InterAgentRules = []InterAgentRule{{From: "[", To: "db"}}
+		}},
+		{"isolation.network.routes[0].url", func(c *Config) {
+			c.Isolation.Network.Routes = []Route{{Host: "model.internal", URL: "http://127.0.0.1:99999/v1"}}
+		}},
+		{"isolation.network.credentials[0].host", func(c *Config) {
+			c.Isolation.Network.Credentials = []Credential{{Host: "api example.com", Header: "Authorization", Value: "x"}}
+		}},
 		{"isolation.network.credentials[0].value", func(c *Config) {
 			c.Isolation.Network.Credentials = []Credential{{Host: "api.example.com", Header: "Authorization", Value: Redacted}}
 		}},

@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"net"
-	"net/url"
 	"path"
 	"regexp"
 	"strings"
@@ -142,13 +141,17 @@ func (n *Network) validate(h Host) error {
 		}
 	}
 	for i, r := range n.AllowedEgress {
-		if err := checkRule(fmt.Sprintf(p+"allowed_egress[%d]", i), r.Destination, r.Ports, r.Protocol); err != nil {
+		if err := checkRule(fmt.Sprintf(p+"allowed_egress[%d]", i), "destination", r.Destination, r.Ports, r.Protocol); err != nil {
 			return err
 		}
 	}
 	for i, r := range n.AllowedIngress {
-		if err := checkRule(fmt.Sprintf(p+"allowed_ingress[%d]", i), r.Source, r.Ports, r.Protocol); err != nil {
+		field := fmt.Sprintf(p+"allowed_ingress[%d]", i)
+		if err := checkRule(field, "source", r.Source, r.Ports, r.Protocol); err != nil {
 			return err
+		}
+		if pre, _, _ := ParseDestination(r.Source); !pre.IsValid() {
+			return errdefs.Unprocessablef("%s.source: %q must be an IP address or CIDR", field, r.Source)
 		}
 	}
 	for i, r := range n.InterAgentRules {
@@ -156,17 +159,22 @@ func (n *Network) validate(h Host) error {
 		if r.From == "" || r.To == "" {
 			return errdefs.Unprocessablef("%s: from and to are required", field)
 		}
+		for _, pat := range []string{r.From, r.To} {
+			if err := CheckNamePattern(pat); err != nil {
+				return errdefs.Unprocessablef("%s: %v", field, err)
+			}
+		}
 		if err := checkPorts(field, r.Ports); err != nil {
 			return err
 		}
 	}
 	for i, r := range n.AlwaysAllow {
-		if err := checkRule(fmt.Sprintf(p+"always_allow[%d]", i), r.Destination, r.Ports, r.Protocol); err != nil {
+		if err := checkRule(fmt.Sprintf(p+"always_allow[%d]", i), "destination", r.Destination, r.Ports, r.Protocol); err != nil {
 			return err
 		}
 	}
 	for i, r := range n.BlockedEgress {
-		if err := checkRule(fmt.Sprintf(p+"blocked_egress[%d]", i), r.Destination, r.Ports, r.Protocol); err != nil {
+		if err := checkRule(fmt.Sprintf(p+"blocked_egress[%d]", i), "destination", r.Destination, r.Ports, r.Protocol); err != nil {
 			return err
 		}
 	}
@@ -182,7 +190,7 @@ func (n *Network) validate(h Host) error {
 	}
 	for i, c := range n.Credentials {
 		field := fmt.Sprintf(p+"credentials[%d]", i)
-		if c.Host == "" || strings.ContainsAny(c.Host, "/:* ") {
+		if _, err := NormalizeHost(c.Host); err != nil {
 			return errdefs.Unprocessablef("%s.host: %q must be a host name", field, c.Host)
 		}
 		if c.Header == "" || strings.ContainsAny(c.Header, ": \r\n") {
@@ -201,12 +209,11 @@ func (n *Network) validate(h Host) error {
 	}
 	for i, r := range n.Routes {
 		field := fmt.Sprintf(p+"routes[%d]", i)
-		if r.Host == "" || strings.ContainsAny(r.Host, "/:* ") {
+		if _, err := NormalizeHost(r.Host); err != nil {
 			return errdefs.Unprocessablef("%s.host: %q must be a host name", field, r.Host)
 		}
-		u, err := url.Parse(r.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			return errdefs.Unprocessablef("%s.url: %q must be an http:// or https:// URL without credentials, query or fragment", field, r.URL)
+		if _, err := ParseRouteURL(r.URL); err != nil {
+			return errdefs.Unprocessablef("%s.url: must be an http:// or https:// URL without credentials, query or fragment: %v", field, err)
 		}
 	}
 	if n.Mode == NetNone && (len(n.AllowedEgress)+len(n.AlwaysAllow)+len(n.InterAgentRules)+len(n.AllowedIngress) > 0 || n.AllowInterAgent) {
@@ -228,9 +235,14 @@ func validSecretName(s string) bool {
 	return true
 }
 
-func checkRule(field, target string, ports []int, proto string) error {
+// checkRule checks an egress rule (key "destination") or an ingress rule
+// (key "source").
+func checkRule(field, key, target string, ports []int, proto string) error {
 	if target == "" {
-		return errdefs.Unprocessablef("%s: destination/source is required", field)
+		return errdefs.Unprocessablef("%s.%s: required", field, key)
+	}
+	if _, _, err := ParseDestination(target); err != nil {
+		return errdefs.Unprocessablef("%s.%s: %v (expected a host name, *.domain, an IP address or a CIDR)", field, key, err)
 	}
 	switch proto {
 	case "", "tcp", "udp", "any":

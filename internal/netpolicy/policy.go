@@ -3,10 +3,7 @@ package netpolicy
 import (
 	"fmt"
 	"net/netip"
-	"net/url"
-	"path"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/agentjail/agentjail/internal/config"
@@ -227,8 +224,8 @@ func compile(p Policy) (*compiledPolicy, error) {
 	}
 	for i, r := range p.InterJail {
 		for _, pat := range []string{r.From, r.To} {
-			if _, err := path.Match(pat, ""); err != nil || pat == "" {
-				return nil, errdefs.Invalidf("inter_agent_rules[%d]: bad name pattern %q", i, pat)
+			if err := config.CheckNamePattern(pat); err != nil {
+				return nil, fmt.Errorf("inter_agent_rules[%d]: %w", i, err)
 			}
 		}
 		if err := checkPorts(r.Ports); err != nil {
@@ -246,7 +243,7 @@ func compile(p Policy) (*compiledPolicy, error) {
 			p.DNSQueriesPerSecond, config.DefaultDNSQueriesPerSecond, config.MaxDNSQueriesPerSecond)
 	}
 	for i, c := range p.Credentials {
-		if _, err := normalizeDomain(strings.TrimPrefix(c.Host, "*.")); err != nil {
+		if _, err := config.NormalizeHost(strings.TrimPrefix(c.Host, "*.")); err != nil {
 			return nil, fmt.Errorf("credentials[%d].host: %w", i, err)
 		}
 		if c.Header == "" || strings.ContainsAny(c.Header, " :\r\n") {
@@ -257,10 +254,10 @@ func compile(p Policy) (*compiledPolicy, error) {
 		}
 	}
 	for i, r := range p.Routes {
-		if _, err := normalizeDomain(r.Host); err != nil {
+		if _, err := config.NormalizeHost(r.Host); err != nil {
 			return nil, fmt.Errorf("routes[%d].host: %w", i, err)
 		}
-		if _, err := parseRouteURL(r.URL); err != nil {
+		if _, err := config.ParseRouteURL(r.URL); err != nil {
 			return nil, fmt.Errorf("routes[%d].url: %w", i, err)
 		}
 	}
@@ -288,54 +285,12 @@ func compileRule(kind string, r Rule) (compiled, error) {
 	default:
 		return c, errdefs.Invalidf("protocol: %q is not tcp, udp or any", r.Protocol)
 	}
-	d := strings.TrimSpace(r.Destination)
-	if d == "" {
-		return c, errdefs.Invalidf("destination: empty")
-	}
-	if strings.Contains(d, "/") {
-		p, err := netip.ParsePrefix(d)
-		if err != nil {
-			return c, errdefs.Invalidf("destination %q: %v", d, err)
-		}
-		c.prefix = p.Masked()
-		return c, nil
-	}
-	if a, err := netip.ParseAddr(d); err == nil {
-		a = a.Unmap()
-		c.prefix = netip.PrefixFrom(a, a.BitLen())
-		return c, nil
-	}
-	wild := strings.HasPrefix(d, "*.")
-	name, err := normalizeDomain(strings.TrimPrefix(d, "*."))
+	prefix, domain, err := config.ParseDestination(r.Destination)
 	if err != nil {
 		return c, fmt.Errorf("destination: %w", err)
 	}
-	if wild {
-		c.domain = "." + name
-	} else {
-		c.domain = name
-	}
+	c.prefix, c.domain = prefix, domain
 	return c, nil
-}
-
-// normalizeDomain lower-cases a host name, drops a trailing dot and checks
-// its syntax.
-func normalizeDomain(s string) (string, error) {
-	s = strings.TrimSuffix(strings.ToLower(s), ".")
-	if s == "" || len(s) > 253 {
-		return "", errdefs.Invalidf("%q is not a host name", s)
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 {
-			return "", errdefs.Invalidf("%q is not a host name", s)
-		}
-		for _, r := range label {
-			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-				return "", errdefs.Invalidf("%q is not a host name", s)
-			}
-		}
-	}
-	return s, nil
 }
 
 // protectedRange returns the protected range containing ip, if any.
@@ -423,30 +378,6 @@ func (cp *compiledPolicy) routeFor(host string) (Route, bool) {
 		}
 	}
 	return Route{}, false
-}
-
-// parseRouteURL checks a route's upstream: an absolute http or https URL
-// without credentials, query or fragment.
-func parseRouteURL(s string) (*url.URL, error) {
-	u, err := url.Parse(s)
-	switch {
-	case err != nil:
-		return nil, errdefs.Invalidf("%q is not a URL: %v", s, err)
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, errdefs.Invalidf("%q: the scheme must be http or https", s)
-	case u.Hostname() == "":
-		return nil, errdefs.Invalidf("%q: a host is required", s)
-	case u.User != nil:
-		return nil, errdefs.Invalidf("%q: credentials belong in a credentials entry, not the URL", s)
-	case u.RawQuery != "" || u.Fragment != "":
-		return nil, errdefs.Invalidf("%q: no query or fragment", s)
-	}
-	if p := u.Port(); p != "" {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return nil, errdefs.Invalidf("%q: bad port", s)
-		}
-	}
-	return u, nil
 }
 
 // inspect reports whether TLS to host is terminated by the proxy.

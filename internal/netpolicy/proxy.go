@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
 
@@ -703,7 +704,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	out.RequestURI = ""
 	upScheme, upHost, upPort := scheme, host, port
 	if rt, ok := js.pol().routeFor(host); ok {
-		u, _ := parseRouteURL(rt.URL) // checked when the policy was compiled
+		u, _ := config.ParseRouteURL(rt.URL) // checked when the policy was compiled
 		upScheme, upHost = u.Scheme, strings.ToLower(u.Hostname())
 		upPort = 80
 		if upScheme == "https" {
