@@ -2,8 +2,11 @@ package netpolicy
 
 import (
 	"errors"
+	"io"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -56,6 +59,46 @@ func FuzzPolicyFromConfig(f *testing.F) {
 		}
 		if d := cp.decide(tg, nil); d.Rule == "" {
 			t.Fatalf("%+v: a decision without its rule", tg)
+		}
+	})
+}
+
+// FuzzSOCKSHandshake feeds arbitrary bytes from a jail to the SOCKS5
+// handshake: it returns (the bytes end, the connection closes), and what
+// it accepts is a CONNECT to a port with either an address or a host name
+// in the form policy rules name hosts (lower case, no final dot, valid
+// labels).
+func FuzzSOCKSHandshake(f *testing.F) {
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 3, 11, 'E', 'x', 'a', 'm', 'p', 'l', 'e', '.', 'c', 'o', '.', 1, 187})
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 1, 10, 0, 0, 1, 0, 80})
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1, 0, 22})
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 3, 9, '1', '2', '7', '.', '0', '.', '0', '.', '1', 0, 22})
+	f.Add([]byte{5, 2, 1, 2})
+	f.Add([]byte{5, 1, 0, 5, 2, 0, 1, 1, 2, 3, 4, 0, 80})
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 9})
+	f.Add([]byte{4, 1, 0, 80, 1, 2, 3, 4, 0})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		jail, daemon := net.Pipe()
+		defer daemon.Close()
+		go func() {
+			defer jail.Close()
+			go io.Copy(io.Discard, jail)
+			jail.Write(in)
+		}()
+		daemon.SetDeadline(time.Now().Add(5 * time.Second))
+		host, addr, port, err := socksHandshake(daemon)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the handshake waited for more than the %d bytes given", len(in))
+		}
+		if err != nil {
+			return
+		}
+		if port < 1 || port > 65535 || (host == "") == !addr.IsValid() || (host != "" && addr.IsValid()) {
+			t.Fatalf("accepted host %q addr %v port %d", host, addr, port)
+		}
+		if n, err := config.NormalizeHost(host); host != "" && (err != nil || n != host) {
+			t.Fatalf("host %q is not a normalized host name (%q, %v)", host, n, err)
 		}
 	})
 }

@@ -3,11 +3,14 @@ package netpolicy
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/config"
 )
 
 // SOCKS5 (RFC 1928), CONNECT only, no authentication: the jail's address
@@ -109,9 +112,16 @@ func socksHandshake(c net.Conn) (host string, addr netip.Addr, port int, err err
 		if _, err = io.ReadFull(c, b); err != nil {
 			return
 		}
-		host = strings.ToLower(strings.TrimSuffix(string(b), "."))
-		if a, perr := netip.ParseAddr(host); perr == nil {
-			addr, host = a, ""
+		name := strings.ToLower(strings.TrimSuffix(string(b), "."))
+		if a, perr := netip.ParseAddr(name); perr == nil {
+			addr = a
+			break
+		}
+		// Policy rules name hosts in this form; anything else (an empty
+		// name, spaces, NUL bytes) names no host a rule could mean.
+		if host, err = config.NormalizeHost(name); err != nil {
+			socksReply(c, socksHostUnreach)
+			return "", addr, 0, fmt.Errorf("socks: %w", err)
 		}
 	default:
 		socksReply(c, socksAtypNotSupp)
