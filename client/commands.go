@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
@@ -89,26 +88,10 @@ func (c *Client) AttachCommand(ctx context.Context, ref string, pid int) (*Comma
 }
 
 func (c *Client) dialCommand(ctx context.Context, ref string, q url.Values) (*Command, error) {
-	u := c.BaseURL + jailURL(ref) + "/commands/ws?" + q.Encode()
-	hdr := http.Header{}
-	if c.Token != "" {
-		hdr.Set("Authorization", "Bearer "+c.Token)
-	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: hdr, CompressionMode: websocket.CompressionDisabled})
+	conn, err := c.dialWS(ctx, jailURL(ref)+"/commands/ws?"+q.Encode(), "command")
 	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			if resp.Body != nil {
-				defer resp.Body.Close()
-			}
-			return nil, readAPIError(resp)
-		}
-		return nil, fmt.Errorf("command: %w", err)
+		return nil, err
 	}
-	conn.SetReadLimit(16 << 20)
 	typ, data, err := conn.Read(ctx)
 	if err != nil {
 		conn.CloseNow()

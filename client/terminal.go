@@ -99,26 +99,10 @@ func (c *Client) Terminal(ctx context.Context, ref string, opts TerminalOptions)
 	for k, v := range opts.Env {
 		q.Add("env", k+"="+v)
 	}
-	u := c.BaseURL + jailURL(ref) + "/terminal?" + q.Encode()
-	hdr := http.Header{}
-	if c.Token != "" {
-		hdr.Set("Authorization", "Bearer "+c.Token)
-	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: hdr, CompressionMode: websocket.CompressionDisabled})
+	conn, err := c.dialWS(ctx, jailURL(ref)+"/terminal?"+q.Encode(), "terminal")
 	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			if resp.Body != nil {
-				defer resp.Body.Close()
-			}
-			return nil, readAPIError(resp)
-		}
-		return nil, fmt.Errorf("terminal: %w", err)
+		return nil, err
 	}
-	conn.SetReadLimit(16 << 20)
 	typ, data, err := conn.Read(ctx)
 	if err != nil {
 		conn.CloseNow()
