@@ -53,7 +53,7 @@ test: setup build fmt-check vet staticcheck
 ## picks targets. An input that fails is kept under its package's
 ## testdata/fuzz/ (commit it with the fix: it becomes a regression test that
 ## every go test runs).
-FUZZTIME ?= 10s
+FUZZTIME ?= 5s
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ='$(FUZZ)' scripts/fuzz.sh
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of the module (each `func FuzzX(f *testing.F)` in a
-# _test.go file) with `go test -fuzz` for FUZZTIME each (default 10s), one
+# _test.go file) with `go test -fuzz` for FUZZTIME each (default 5s), one
 # after the other: go test fuzzes one target of one package at a time.
 # A target that fails leaves its input under the package's testdata/fuzz/
 # and the script goes on to the next, failing at the end.
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-fuzztime=${FUZZTIME:-10s}
+fuzztime=${FUZZTIME:-5s}
 only=${FUZZ:-.}
 go=${GO:-go}
 failed=()
