@@ -71,13 +71,7 @@ func (s *server) events(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 64<<10)
+	rc, bw := startEventStream(w, 64<<10)
 	flush := func() error {
 		if err := bw.Flush(); err != nil {
 			return err
@@ -212,4 +206,16 @@ func (s *server) report(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, rep)
 	return nil
+}
+
+// startEventStream answers 200 with a server-sent event stream that no
+// proxy buffers, and returns the response's controller (to flush) and a
+// writer of size bytes in front of it.
+func startEventStream(w http.ResponseWriter, size int) (*http.ResponseController, *bufio.Writer) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	return http.NewResponseController(w), bufio.NewWriterSize(w, size)
 }
