@@ -19,11 +19,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -119,16 +115,9 @@ const FileName = "api-keys.json"
 func Open(dataDir string) (*Store, error) {
 	s := &Store{path: filepath.Join(dataDir, FileName), keys: map[string]*stored{},
 		verified: map[string][sha256.Size]byte{}, hashing: make(chan struct{}, maxHashing)}
-	data, err := os.ReadFile(s.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return s, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("api keys: %w", err)
-	}
 	var list []*stored
-	if err := json.Unmarshal(data, &list); err != nil {
-		return nil, fmt.Errorf("api keys: %s: %w", s.path, err)
+	if err := atomicfile.ReadJSON(s.path, &list); err != nil {
+		return nil, fmt.Errorf("api keys: %w", err)
 	}
 	for _, k := range list {
 		s.keys[k.ID] = k
@@ -289,11 +278,7 @@ func (s *Store) saveLocked() error {
 		list = append(list, k)
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
-	data, err := json.MarshalIndent(list, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(s.path, data, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(s.path, list, 0o600); err != nil {
 		return fmt.Errorf("api keys: %w", err)
 	}
 	return nil

@@ -2,11 +2,7 @@ package jail
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -34,15 +30,8 @@ const imageTenantsFile = "image-tenants.json"
 
 func openImageTenants(dataDir string) (*imageTenants, error) {
 	it := &imageTenants{path: filepath.Join(dataDir, imageTenantsFile), m: map[string][]string{}}
-	data, err := os.ReadFile(it.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return it, nil
-	}
-	if err != nil {
+	if err := atomicfile.ReadJSON(it.path, &it.m); err != nil {
 		return nil, fmt.Errorf("image tenants: %w", err)
-	}
-	if err := json.Unmarshal(data, &it.m); err != nil {
-		return nil, fmt.Errorf("image tenants: %s: %w", it.path, err)
 	}
 	return it, nil
 }
@@ -136,11 +125,7 @@ func (it *imageTenants) forget(ids ...string) {
 }
 
 func (it *imageTenants) saveLocked() error {
-	data, err := json.MarshalIndent(it.m, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(it.path, data, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(it.path, it.m, 0o600); err != nil {
 		return fmt.Errorf("image tenants: %w", err)
 	}
 	return nil

@@ -1,11 +1,7 @@
 package tenant
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -81,15 +77,8 @@ type Quotas struct {
 // OpenQuotas opens (or starts) the quotas kept at dataDir/quotas.json.
 func OpenQuotas(dataDir string) (*Quotas, error) {
 	q := &Quotas{path: filepath.Join(dataDir, QuotaFile), m: map[string]Quota{}}
-	data, err := os.ReadFile(q.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return q, nil
-	}
-	if err != nil {
+	if err := atomicfile.ReadJSON(q.path, &q.m); err != nil {
 		return nil, fmt.Errorf("quotas: %w", err)
-	}
-	if err := json.Unmarshal(data, &q.m); err != nil {
-		return nil, fmt.Errorf("quotas: %s: %w", q.path, err)
 	}
 	return q, nil
 }
@@ -142,11 +131,7 @@ func (q *Quotas) List() []string {
 }
 
 func (q *Quotas) saveLocked() error {
-	data, err := json.MarshalIndent(q.m, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(q.path, data, 0o600); err != nil {
+	if err := atomicfile.WriteJSON(q.path, q.m, 0o600); err != nil {
 		return fmt.Errorf("quotas: %w", err)
 	}
 	return nil
