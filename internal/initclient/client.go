@@ -106,6 +106,11 @@ func (c *Client) unresponsive(op string, cause error) error {
 	return err
 }
 
+// readBuffer is the size of a connection's read buffer: most answers are
+// small, and frames larger than it are read past it, straight into the
+// frame's buffer.
+const readBuffer = 4 << 10
+
 // maxSunPath is the longest path a unix socket address holds.
 const maxSunPath = 107
 
@@ -134,7 +139,7 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cn := &conn{Conn: nc, r: bufio.NewReaderSize(nc, 64<<10), c: c}
+	cn := &conn{Conn: nc, r: bufio.NewReaderSize(nc, readBuffer), c: c}
 	cn.timer = time.AfterFunc(LivenessAfter, cn.check)
 	return cn, nil
 }

@@ -91,6 +91,46 @@ func TestExecUsers(t *testing.T) {
 	}
 }
 
+// TestExecUsersFollowAccountFiles: init remembers resolved users, yet a
+// change to /etc/passwd or /etc/group (written in place with the same
+// size, or replaced) is what the very next exec runs with.
+func TestExecUsersFollowAccountFiles(t *testing.T) {
+	e := newEnv(t)
+	ids := func() string {
+		t.Helper()
+		out, _, st := run(t, e.c, initproto.ExecRequest{Argv: []string{"sh", "-c", `echo $(id -u) $(id -G)`}, User: "tester"}, nil)
+		if st.Code != 0 {
+			t.Fatalf("id as tester: %+v", st)
+		}
+		return strings.TrimSpace(out)
+	}
+	if got := ids(); got != "4321 4321 5555" {
+		t.Fatalf("tester: %q", got)
+	}
+	passwd := filepath.Join(e.root, "etc/passwd")
+	// Same size, same file: only the content (and the change time) moves.
+	f, err := os.OpenFile(passwd, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(strings.Replace(testPasswd, "tester:x:4321:4321", "tester:x:4322:4321", 1)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if got := ids(); got != "4322 4321 5555" {
+		t.Errorf("after tester's uid changed in place: %q", got)
+	}
+	// A new /etc/group (renamed over the old one) drops tester from extra.
+	tmp := filepath.Join(e.root, "etc/group.new")
+	mustWrite(t, tmp, strings.Replace(testGroup, "tester,other", "other", 1), 0o644)
+	if err := os.Rename(tmp, filepath.Join(e.root, "etc/group")); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(); got != "4322 4321" {
+		t.Errorf("after tester left group extra: %q", got)
+	}
+}
+
 func TestExecStdinStreaming(t *testing.T) {
 	e := newEnv(t)
 	data := make([]byte, 5<<20)

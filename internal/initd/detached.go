@@ -137,7 +137,7 @@ func (b *bgProc) run() {
 func (b *bgProc) pump(f *os.File, t initproto.MsgType, wg *sync.WaitGroup) {
 	defer recoverPanic(b.srv.log, "detached output pump")
 	defer wg.Done()
-	readPipe(f, make([]byte, initproto.ChunkSize), func(p []byte) { b.publish(t, p) })
+	readPipe(f, func(p []byte) { b.publish(t, p) })
 }
 
 // publish offers a chunk to every attachment. An attachment whose queue

@@ -522,7 +522,6 @@ func (s *Server) releaseShim(sh *shimProc, res shimExit, shimOK bool) {
 func (ex *execution) pump(f *os.File, t initproto.MsgType, wg *sync.WaitGroup) {
 	defer recoverPanic(ex.srv.log, "output pump")
 	defer wg.Done()
-	buf := make([]byte, initproto.ChunkSize)
 	emit := func(b []byte) {
 		if ex.connDead.Load() {
 			return
@@ -532,13 +531,21 @@ func (ex *execution) pump(f *os.File, t initproto.MsgType, wg *sync.WaitGroup) {
 			ex.proc.kill() // the client is gone
 		}
 	}
-	readPipe(f, buf, emit)
+	readPipe(f, emit)
 }
+
+// chunks recycles the output pumps' read buffers: two per command, each
+// ChunkSize, would otherwise be most of what init allocates per exec (and
+// the garbage collections that follow, on the exec path).
+var chunks = sync.Pool{New: func() any { return new([initproto.ChunkSize]byte) }}
 
 // readPipe passes what the output pipe f delivers to emit until it ends,
 // or, once its read deadline is set (the command exited), until what is
-// buffered in it is read.
-func readPipe(f *os.File, buf []byte, emit func([]byte)) {
+// buffered in it is read. emit must not keep the slice it is given.
+func readPipe(f *os.File, emit func([]byte)) {
+	chunk := chunks.Get().(*[initproto.ChunkSize]byte)
+	defer chunks.Put(chunk)
+	buf := chunk[:]
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {

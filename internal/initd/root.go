@@ -3,7 +3,6 @@ package initd
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"strconv"
@@ -22,6 +21,7 @@ type fsRoot struct {
 	fd      int      // O_PATH directory fd of the root
 	prefix  string   // the root's own path on init's filesystem ("/" in a jail)
 	blocked []string // cleaned jail paths
+	users   identityCache
 }
 
 // openRoot opens dir as the resolution root and records the blocked paths.
@@ -168,24 +168,6 @@ func (r *fsRoot) openParent(p string) (dirfd int, base, resolved string, err err
 		return -1, "", "", blockedError(p)
 	}
 	return dirfd, base, resolved, nil
-}
-
-// readSmallFile returns the contents of the jail file p, up to limit bytes.
-func (r *fsRoot) readSmallFile(p string, limit int64) ([]byte, error) {
-	fd, err := r.open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, err
-	}
-	f := os.NewFile(uintptr(fd), p)
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("%s is not a regular file", p)
-	}
-	return io.ReadAll(io.LimitReader(f, limit))
 }
 
 // cleanPath validates a jail path from a request: absolute, without NUL

@@ -333,6 +333,9 @@ func (c *conn) read() (initproto.MsgType, []byte, error) {
 	return t, p, err
 }
 
+// connReadBuffer is the size of a control connection's read buffer.
+const connReadBuffer = 4 << 10
+
 // requestTimeout bounds how long a connection may take to send its
 // request frame.
 const requestTimeout = 30 * time.Second
@@ -346,7 +349,10 @@ func (s *Server) handle(nc net.Conn) {
 		s.mu.Unlock()
 		nc.Close()
 	}()
-	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 64<<10), buf: make([]byte, 0, initproto.ChunkSize+initproto.HeaderSize)}
+	// Most connections carry one small request: the reader starts small
+	// (frames larger than it are read into buf directly), and buf grows
+	// to the largest frame the connection carries.
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, connReadBuffer)}
 	defer func() {
 		if v := recover(); v != nil {
 			s.log.Printf("connection handler panic: %v\n%s", v, debug.Stack())

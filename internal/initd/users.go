@@ -2,8 +2,13 @@ package initd
 
 import (
 	"bytes"
+	"io"
+	"os"
 	"slices"
 	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moby/sys/user"
 
@@ -29,12 +34,37 @@ const maxAccountFile = 8 << 20
 // group (name or numeric gid). A numeric uid without a passwd entry runs
 // with gid = uid, no supplementary groups and no home (Server.lookupUser
 // gives it one). An unknown name is a KindInvalid error.
+//
+// Every exec resolves its user: the answer for one version of the two
+// files (see fileStamp) is remembered, and the files are read and parsed
+// again only when either changed.
 func (r *fsRoot) lookupUser(spec, group string) (*identity, error) {
 	if spec == "" {
 		return nil, newError(initproto.KindInvalid, "", "user is empty")
 	}
-	passwd, _ := r.readSmallFile("/etc/passwd", maxAccountFile)
-	groups, _ := r.readSmallFile("/etc/group", maxAccountFile)
+	pf, pstamp := r.openAccountFile("/etc/passwd")
+	if pf != nil {
+		defer pf.Close()
+	}
+	gf, gstamp := r.openAccountFile("/etc/group")
+	if gf != nil {
+		defer gf.Close()
+	}
+	key := identityKey{spec, group}
+	if id, ok := r.users.get(pstamp, gstamp, key); ok {
+		return id, nil
+	}
+	passwd, groups := readAccountFile(pf), readAccountFile(gf)
+	id, err := resolveUser(passwd, groups, spec, group)
+	if err != nil {
+		return nil, err
+	}
+	r.users.put(pstamp, gstamp, key, id)
+	return id, nil
+}
+
+// resolveUser is lookupUser on the contents of the two files.
+func resolveUser(passwd, groups []byte, spec, group string) (*identity, error) {
 	id, err := findUser(passwd, spec)
 	if err != nil {
 		return nil, err
@@ -59,6 +89,88 @@ func (r *fsRoot) lookupUser(spec, group string) (*identity, error) {
 		}
 	}
 	return id, nil
+}
+
+// fileStamp identifies one version of a file: writing to it, replacing
+// it or changing its attributes changes the stamp (the change time moves
+// with every change, and the kernel gives it a finer grain once it has
+// been read). The zero stamp is a file that is missing or not a regular
+// file.
+type fileStamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime unix.Timespec
+}
+
+// openAccountFile opens the jail's account file p for reading and stamps
+// it; a missing or unusable file is (nil, the zero stamp), read as empty.
+func (r *fsRoot) openAccountFile(p string) (*os.File, fileStamp) {
+	fd, err := r.open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, fileStamp{}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fileStamp{}
+	}
+	return os.NewFile(uintptr(fd), p), fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// readAccountFile reads an account file opened by openAccountFile (nil:
+// empty), up to maxAccountFile bytes.
+func readAccountFile(f *os.File) []byte {
+	if f == nil {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, maxAccountFile))
+	return b
+}
+
+// identityKey is a lookup: the user and group asked for.
+type identityKey struct{ user, group string }
+
+// identityCache remembers resolved users for one version of the account
+// files.
+type identityCache struct {
+	mu            sync.Mutex
+	passwd, group fileStamp
+	ids           map[identityKey]identity
+}
+
+// maxCachedIdentities bounds the cache (lookups of many distinct users
+// start it over).
+const maxCachedIdentities = 64
+
+// get returns a copy of the identity remembered for key, when the files
+// are still the versions it was resolved from.
+func (c *identityCache) get(passwd, group fileStamp, key identityKey) (*identity, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.passwd != passwd || c.group != group {
+		return nil, false
+	}
+	id, ok := c.ids[key]
+	if !ok {
+		return nil, false
+	}
+	id.Groups = slices.Clone(id.Groups)
+	return &id, true
+}
+
+// put remembers id for key, resolved from the given versions of the files.
+func (c *identityCache) put(passwd, group fileStamp, key identityKey, id *identity) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.passwd != passwd || c.group != group || len(c.ids) >= maxCachedIdentities {
+		c.passwd, c.group, c.ids = passwd, group, nil
+	}
+	if c.ids == nil {
+		c.ids = make(map[identityKey]identity)
+	}
+	v := *id
+	v.Groups = slices.Clone(id.Groups)
+	c.ids[key] = v
 }
 
 // lookupUser is fsRoot.lookupUser with the config's Home given to a user
