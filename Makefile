@@ -81,7 +81,7 @@ lint: fmt-check vet staticcheck
 bench: setup build
 	@set -o pipefail; \
 	$(GO) test -count=1 -p 1 -timeout 60m -run '^$$' -bench . -benchtime $(BENCHTIME) \
-		./test/integration/ ./internal/netpolicy/ ./internal/initclient/ \
+		./test/integration/ ./internal/netpolicy/ ./internal/initclient/ ./internal/api/ \
 		| tee /dev/stderr | scripts/benchtable.sh
 	@set -o pipefail; AGENTJAIL_BENCH=1 $(GO) test -count=1 -timeout 30m -run 'Bench' -v ./internal/observe/bpf/ \
 		| grep -v '^=== RUN'

@@ -44,3 +44,36 @@ func (c *Client) Keys(ctx context.Context) ([]APIKey, error) {
 func (c *Client) DeleteKey(ctx context.Context, id string) error {
 	return c.call(ctx, http.MethodDelete, "/keys/"+url.PathEscape(id), nil, nil)
 }
+
+// Quota is a tenant's limits (0: no limit) or what it holds.
+type Quota struct {
+	Jails       int   `json:"jails,omitempty"`
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	DiskBytes   int64 `json:"disk_bytes,omitempty"`
+	Snapshots   int   `json:"snapshots,omitempty"`
+}
+
+// TenantQuota is a tenant's quota and usage (GET /quotas/{tenant}).
+type TenantQuota struct {
+	Tenant string `json:"tenant"`
+	Limits Quota  `json:"limits"`
+	Usage  Quota  `json:"usage"`
+}
+
+// GetQuota returns tenant's quota and what it holds.
+func (c *Client) GetQuota(ctx context.Context, tenant string) (*TenantQuota, error) {
+	var q TenantQuota
+	if err := c.call(ctx, http.MethodGet, "/quotas/"+url.PathEscape(tenant), nil, &q); err != nil {
+		return nil, err
+	}
+	return &q, nil
+}
+
+// SetQuota replaces tenant's limits (admin).
+func (c *Client) SetQuota(ctx context.Context, tenant string, limits Quota) (*TenantQuota, error) {
+	var q TenantQuota
+	if err := c.call(ctx, http.MethodPut, "/quotas/"+url.PathEscape(tenant), limits, &q); err != nil {
+		return nil, err
+	}
+	return &q, nil
+}

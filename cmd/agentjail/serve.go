@@ -25,8 +25,11 @@ import (
 	"github.com/agentjail/agentjail/internal/console"
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
+	"github.com/agentjail/agentjail/internal/mcptools"
+	"github.com/agentjail/agentjail/internal/metrics"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/preview"
+	"github.com/agentjail/agentjail/internal/telemetry"
 	"github.com/agentjail/agentjail/internal/tenant"
 )
 
@@ -48,6 +51,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var net netFlags
 	var insecureRegistries []string
 	var profileCache, debianMirror string
+	var metricsAddr, otlpEndpoint string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon",
@@ -83,7 +87,7 @@ next start.`,
 				}
 				opts.Hosts = hosts
 			}
-			return serve(cmd.Context(), opts, g.listenAddr(), daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile, mdns: mdnsOn, mdnsIface: mdnsIface})
+			return serve(cmd.Context(), opts, g.listenAddr(), daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile, mdns: mdnsOn, mdnsIface: mdnsIface, metricsAddr: metricsAddr, otlpEndpoint: otlpEndpoint})
 		},
 	}
 	cmd.Flags().StringVar(&lv.runtime, "runtime", "runc", "OCI runtime binary")
@@ -96,6 +100,8 @@ next start.`,
 	cmd.Flags().StringVar(&secretsFile, "secrets-file", "", "KEY=VALUE file (mode 0600) of the model API keys the proxy adds for agents, e.g. ANTHROPIC_API_KEY (default DATA_DIR/secrets.env; the daemon's environment is read too)")
 	cmd.Flags().StringVar(&lv.criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
+	cmd.Flags().StringVar(&otlpEndpoint, "otlp-endpoint", "", "export traces of API calls and the jails' events (as logs) over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (default: no export)")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "also serve the Prometheus metrics without a credential at http://ADDR/metrics (e.g. 127.0.0.1:9108); GET /metrics on the API takes an admin key or the token")
 	cmd.Flags().IntVar(&warmJails, "warm-jails", 2, "how many started jails of the default configuration to keep ready: a create asking for that configuration takes one (0: none)")
 	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)
 	cmd.Flags().StringVar(&net.hostsFile, "hosts-file", "", "static name → address entries (hosts(5) format) the jails' DNS answers before the host's resolver")
@@ -144,6 +150,10 @@ type daemonOptions struct {
 	toolsDir, secretsFile string
 	mdns                  bool
 	mdnsIface             string
+	// metricsAddr, when set, serves /metrics there without a credential.
+	metricsAddr string
+	// otlpEndpoint, when set, receives traces and event logs over OTLP.
+	otlpEndpoint string
 }
 
 // daemon is the API's Service: the jail manager, whose creates and
@@ -192,9 +202,34 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		log.Warn("model API keys", "err", err)
 	}
 	opts.Secrets = secrets.Lookup
+	mets := metrics.New()
+	opts.NetObserver = mets.Net
+	if do.otlpEndpoint != "" {
+		exp, err := telemetry.Setup(ctx, do.otlpEndpoint, jail.Version)
+		if err != nil {
+			return usageError{err}
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := exp.Shutdown(sctx); err != nil {
+				log.Warn("flushing the OTLP export", "err", err)
+			}
+		}()
+		opts.EventLogs = exp.JailEvents
+		log.Info("exporting traces and jail events", "otlp", do.otlpEndpoint)
+	}
 	mgr, err := jail.NewManager(ctx, opts)
 	if err != nil {
 		return err
+	}
+	mets.Watch(mgr)
+	if do.metricsAddr != "" {
+		stop, err := serveMetrics(do.metricsAddr, mets, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	defer func() {
 		if err := mgr.Close(); err != nil {
@@ -235,13 +270,33 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		log.Info("answering mDNS", "names", "JAIL."+preview.MDNSDomain+", PORT-JAIL."+preview.MDNSDomain)
 	}
 	h := api.NewServer(svc, token, log, api.WithKeys(keys), api.WithAgents(agents), api.WithImages(mgr), api.WithPreviews(previews),
-		api.WithQuotas(mgr), api.WithAudit(auditLog),
+		api.WithQuotas(mgr), api.WithAudit(auditLog), api.WithMetrics(mets),
+		api.WithMCP(func(h http.Handler) http.Handler { return mcptools.Handler(h, jail.Version) }),
 		api.WithMount(e2bSvc.Prefix()+"/", e2bSvc), api.WithMount("/files", e2bSvc), api.WithCommands(mgr))
 	// The console serves its pages and sessions and hands every API route
 	// to the API's handler; previews of jails' dev servers are answered
 	// by their host name before either.
 	root := console.New(console.Options{API: h, Log: log})
 	return listenAndServe(ctx, previews.Wrap(root), addr, dataDir, log, os.Stderr)
+}
+
+// serveMetrics serves the metrics at http://addr/metrics until stop is
+// called.
+func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving the metrics", "err", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
+	return func() { srv.Close() }, nil
 }
 
 // listenAndServe serves h on addr until ctx is cancelled. Once listening

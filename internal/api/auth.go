@@ -152,7 +152,7 @@ func (a access) allows(p tenant.Principal) error {
 		return nil
 	case adminOnly:
 		if !p.Admin() {
-			return errdefs.Forbiddenf("this changes what every tenant shares: only an admin key or the API token may")
+			return errdefs.Forbiddenf("this concerns every tenant: only an admin key or the API token may")
 		}
 		return nil
 	case tokenOnly:

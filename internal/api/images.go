@@ -238,7 +238,12 @@ func (s *server) streamImages(w http.ResponseWriter, r *http.Request, op func(pr
 			return err
 		}
 		d := s.errorDetail(r, err)
-		return nw.write(ImageEvent{Type: "error", Error: &d})
+		if werr := nw.write(ImageEvent{Type: "error", Error: &d}); werr != nil {
+			return werr
+		}
+		// The answer is complete; the error still counts (the audit log
+		// records it).
+		return err
 	}
 	return nw.write(final)
 }

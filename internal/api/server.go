@@ -16,13 +16,20 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentjail/agentjail/internal/apikey"
 	"github.com/agentjail/agentjail/internal/audit"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/metrics"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/observe"
 	"github.com/agentjail/agentjail/internal/tenant"
+	"github.com/agentjail/agentjail/internal/tracing"
 )
 
 // Service is what the API serves; *jail.Manager implements it. A ref is a
@@ -147,8 +154,12 @@ const (
 	tokenOnly
 )
 
-// changes reports whether the routes of a change state (and are audited).
-func (a access) changes() bool { return a >= write }
+// audited reports whether requests to rt are written to the audit log:
+// those that change state, or could (a terminal or command socket), and
+// the admin and token routes but their plain reads.
+func (rt route) audited() bool {
+	return rt.access == write || rt.access >= adminOnly && rt.method != http.MethodGet
+}
 
 // routes is the whole API: every route the server registers, in one place.
 var routes = []route{
@@ -210,6 +221,8 @@ var routes = []route{
 	{http.MethodGet, "/quotas/{tenant}", (*server).getQuota, read},
 	{http.MethodPut, "/quotas/{tenant}", (*server).putQuota, adminOnly},
 	{http.MethodGet, "/audit", (*server).getAudit, read},
+	{http.MethodGet, "/metrics", (*server).getMetrics, adminOnly},
+	{http.MethodPost, "/mcp", (*server).serveMCP, read},
 }
 
 type server struct {
@@ -235,6 +248,13 @@ type server struct {
 	audit *audit.Log
 	// quotas serves the quota routes (nil: 501).
 	quotas QuotaService
+	// metrics records requests and operation latencies, and serves
+	// GET /metrics (nil: 501).
+	metrics *metrics.Metrics
+	// makeMCP makes the MCP handler from the API's own (nil: 501); mcp
+	// is what it made.
+	makeMCP func(api http.Handler) http.Handler
+	mcp     http.Handler
 }
 
 // NewServer returns the API's handler: the routes of the route table over
@@ -254,6 +274,9 @@ func NewServer(svc Service, token string, log *slog.Logger, opts ...Option) http
 	}
 	for _, m := range s.mounts {
 		s.mux.Handle(m.prefix, m.h)
+	}
+	if s.makeMCP != nil {
+		s.mcp = s.makeMCP(http.HandlerFunc(s.serveHTTP))
 	}
 	return http.HandlerFunc(s.serveHTTP)
 }
@@ -307,10 +330,27 @@ func (s *server) noRoute(w http.ResponseWriter, r *http.Request, h http.Handler)
 // check against each resource's tenant), error writing, and the audit
 // line of a route that changes state.
 func (s *server) wrap(rt route) http.Handler {
+	name := rt.method + " " + rt.pattern
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := tracing.Tracer().Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.route", rt.pattern), attribute.String("http.request.method", rt.method)))
+		if id := r.PathValue("id"); id != "" {
+			span.SetAttributes(tracing.JailID.String(id))
+		}
+		r = r.WithContext(ctx)
 		var who tenant.Principal
 		var err error
+		defer func() {
+			if who.Kind != "" {
+				span.SetAttributes(tracing.JailTenant.String(who.Tenant))
+			}
+			if rec, ok := w.(*recorder); ok {
+				span.SetAttributes(attribute.Int("http.response.status_code", rec.status()))
+			}
+			tracing.End(span, err)
+		}()
 		if rt.access != public {
 			who, err = s.authenticate(r)
 			if err == nil {
@@ -328,8 +368,18 @@ func (s *server) wrap(rt route) http.Handler {
 		if err != nil {
 			s.writeError(w, r, err)
 		}
-		if rt.access.changes() {
+		if rt.audited() {
 			s.auditRequest(w, r, rt, who, err, start)
+		}
+		if s.metrics != nil {
+			status := http.StatusOK
+			if rec, ok := w.(*recorder); ok {
+				status = rec.status()
+			}
+			s.metrics.Request(rt.method+" "+rt.pattern, status)
+			if op := timedOps[rt.method+" "+rt.pattern]; op != "" {
+				s.metrics.Observe(op, time.Since(start), err != nil || status >= 400)
+			}
 		}
 	})
 }

@@ -35,6 +35,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/tracing"
 )
 
 // Client talks to one jail's init.
@@ -311,7 +312,9 @@ func unexpected(op string, t initproto.MsgType) error {
 
 // call runs a request/answer operation: it sends req as a frame of type
 // t, and decodes the OK answer into out (unless out is nil).
-func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, out any) error {
+func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, out any) (err error) {
+	ctx, span := tracing.Start(ctx, "init."+op)
+	defer func() { tracing.End(span, err) }()
 	cn, err := c.dial(ctx)
 	if err != nil {
 		return err

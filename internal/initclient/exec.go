@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/tracing"
 )
 
 // Exec runs a command in the jail and returns how it ended.
@@ -27,7 +28,9 @@ import (
 // not executable is not an error: the command exits with 127 or 126
 // after a message on stderr. Exec returns without waiting for a stdin
 // Read that is still blocked.
-func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (initproto.ExitStatus, error) {
+func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (st initproto.ExitStatus, err error) {
+	ctx, span := tracing.Start(ctx, "init.exec")
+	defer func() { tracing.End(span, err) }()
 	if len(req.Argv) == 0 {
 		return initproto.ExitStatus{}, errdefs.Invalidf("argv is empty")
 	}

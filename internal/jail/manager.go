@@ -30,12 +30,14 @@ import (
 	"github.com/agentjail/agentjail/internal/image"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netpolicy"
+	"github.com/agentjail/agentjail/internal/observe"
 	"github.com/agentjail/agentjail/internal/observe/bpf"
 	"github.com/agentjail/agentjail/internal/procwait"
 	"github.com/agentjail/agentjail/internal/profile"
 	"github.com/agentjail/agentjail/internal/rootfs"
 	"github.com/agentjail/agentjail/internal/storage"
 	"github.com/agentjail/agentjail/internal/tenant"
+	"github.com/agentjail/agentjail/internal/tracing"
 )
 
 // Version is the daemon's version, reported by /health.
@@ -85,6 +87,14 @@ type Options struct {
 	DebianMirror string
 	// Quotas limits what each tenant may hold (nil: no limits).
 	Quotas *tenant.Quotas
+	// NetObserver, when set, sees every network policy record of every
+	// jail (the metrics count proxied bytes and refusals with it).
+	NetObserver func(netpolicy.ConnEvent)
+	// EventLogs, when set, exports each run's events elsewhere (as
+	// OpenTelemetry logs): it is called when a jail's observation starts
+	// and returns the function each event goes to (called on the event
+	// path: it must not block) and the one that ends the export.
+	EventLogs func(j model.Jail) (emit func(*observe.Event), stop func())
 }
 
 // Manager owns every jail of one data dir.
@@ -411,7 +421,14 @@ func (m *Manager) setState(e *entry, f func(j *model.Jail)) {
 
 // Create implements the API's create: validate, record, prepare and
 // (unless req.Start is false) start. A failed create leaves nothing behind.
-func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error) {
+func (m *Manager) Create(ctx context.Context, req model.CreateRequest) (j *model.Jail, err error) {
+	ctx, span := tracing.Start(ctx, "jail.create", tracing.JailTenant.String(tenant.Owner(ctx)))
+	defer func() {
+		if j != nil {
+			span.SetAttributes(tracing.JailID.String(j.ID), tracing.JailName.String(j.Name), tracing.JailLevel.String(j.Config.Isolation.Level))
+		}
+		tracing.End(span, err)
+	}()
 	cfg := req.Config
 	// The image's config fills what the request leaves unset.
 	m.applyRegistryCache(&cfg.Isolation.Network)
@@ -488,7 +505,9 @@ func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
 		err = m.persist(e)
 	}
 	if err == nil {
-		err = b.Prepare(ctx, m.instance(e))
+		pctx, span := tracing.Start(ctx, "backend.prepare", tracing.JailID.String(e.rec.ID), tracing.JailLevel.String(b.Capabilities().Level))
+		err = b.Prepare(pctx, m.instance(e))
+		tracing.End(span, err)
 	}
 	if err == nil && start {
 		err = m.start(ctx, e)
@@ -659,7 +678,9 @@ func (m *Manager) start(ctx context.Context, e *entry) error {
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStarting; j.Error = "" })
 	inst := m.instance(e)
 	inst.OnCreated = func(st backend.Status) error { return m.observeStart(e, b, st) }
-	st, err := b.Start(ctx, inst)
+	sctx, span := tracing.Start(ctx, "backend.start", tracing.JailID.String(j.ID), tracing.JailLevel.String(b.Capabilities().Level))
+	st, err := b.Start(sctx, inst)
+	tracing.End(span, err)
 	if err != nil {
 		m.observeStop(e)
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error(); j.Pid = 0 })

@@ -62,6 +62,9 @@ type observation struct {
 	// foreign are host pids in the jail's cgroup that are not the jail's
 	// (backend.Status.Foreign): their events are dropped.
 	foreign map[int32]bool
+	// stopLogs ends the export of the events as OpenTelemetry logs (nil
+	// without one).
+	stopLogs func()
 }
 
 // Handle implements observe.Sink.
@@ -104,6 +107,14 @@ func (m *Manager) observeStart(e *entry, b backend.Backend, st backend.Status) (
 	}
 	o.rec = observe.NewRecorder(w, o.bus)
 	o.rec.Observe = o.agg.add
+	if m.opts.EventLogs != nil {
+		emit, stop := m.opts.EventLogs(j)
+		o.rec.Observe = func(ev *observe.Event) {
+			o.agg.add(ev)
+			emit(ev)
+		}
+		o.stopLogs = stop
+	}
 	defer func() {
 		if err != nil {
 			m.stopObservation(e.rec.ID, o)
@@ -330,6 +341,10 @@ func (m *Manager) stopObservation(jailID string, o *observation) {
 	if err != nil {
 		m.log.Error("closing the jail's event files", "jail", jailID, "err", err)
 	}
+	if o.stopLogs != nil {
+		o.stopLogs()
+		o.stopLogs = nil
+	}
 }
 
 // observeStop ends the current record: the kernel side stops, buffered
@@ -345,6 +360,9 @@ func (m *Manager) observeStop(e *entry) {
 
 // recordNet feeds one network policy record into the jail's observation.
 func (m *Manager) recordNet(jailID string, ce netpolicy.ConnEvent) {
+	if m.opts.NetObserver != nil {
+		m.opts.NetObserver(ce)
+	}
 	m.mu.Lock()
 	e := m.jails[jailID]
 	m.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/tracing"
 )
 
 // blocked refuses a path under one of the jail's blocked paths, judged on
@@ -135,7 +136,9 @@ func validateExec(req *model.ExecRequest) error {
 // buffered (each stream capped at MaxExecOutput); otherwise it is streamed
 // to out as it happens. Cancelling ctx kills the command and its
 // descendants.
-func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error) {
+func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, out model.ExecOutput) (res *model.ExecResult, err error) {
+	ctx, span := tracing.Start(ctx, "jail.exec", tracing.JailID.String(ref))
+	defer func() { tracing.End(span, err) }()
 	if err := validateExec(&req); err != nil {
 		return nil, err
 	}
@@ -169,7 +172,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req model.ExecRequest, o
 	if err != nil {
 		return nil, err
 	}
-	res := &model.ExecResult{
+	res = &model.ExecResult{
 		ExitCode:   st.Code,
 		Signal:     st.Signal,
 		TimedOut:   st.TimedOut,

@@ -15,6 +15,7 @@ import (
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/tenant"
 )
 
 // The warm pool keeps a few jails of the default configuration started and
@@ -195,7 +196,8 @@ func (m *Manager) takeWarm(ctx context.Context, name string) (*model.Jail, error
 		return nil, nil
 	}
 	j, err := m.adoptWarm(ctx, e, name)
-	if errors.Is(err, errNameTaken) {
+	if refused := errors.Is(err, errdefs.ErrQuota) || errors.Is(err, errdefs.ErrForbidden); refused || errors.Is(err, errNameTaken) {
+		// The ready jail stays ready for the next create.
 		w.mu.Lock()
 		closed := w.closed
 		if !closed {
@@ -204,6 +206,9 @@ func (m *Manager) takeWarm(ctx context.Context, name string) (*model.Jail, error
 		w.mu.Unlock()
 		if closed {
 			m.discardWarm(e)
+		}
+		if refused {
+			return nil, err
 		}
 		return nil, errdefs.Conflictf("a jail named %q already exists", name)
 	}
@@ -236,12 +241,15 @@ func (m *Manager) adoptWarm(ctx context.Context, e *entry, name string) (*model.
 	}
 	oldName := cur.Name
 	e.mu.Lock()
-	e.rec.Name = name
+	e.rec.Name, e.rec.Tenant = name, tenant.Owner(ctx)
 	e.mu.Unlock()
 	if err := m.register(e); err != nil {
 		e.mu.Lock()
-		e.rec.Name = oldName
+		e.rec.Name, e.rec.Tenant = oldName, ""
 		e.mu.Unlock()
+		if !errors.Is(err, errdefs.ErrConflict) {
+			return nil, err
+		}
 		return nil, errNameTaken
 	}
 	b, err := m.backendOf(e)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -233,6 +234,7 @@ func (w *Writer) handOff(i int) {
 	default:
 		// The buffer's own lost line goes too: carry its count forward.
 		w.dropped.Add(w.lines[i])
+		streamCounts[i].dropped.Add(w.lines[i])
 		w.pending[i] += w.lines[i] + w.carried[i]
 		w.recycle(b)
 	}
@@ -252,6 +254,29 @@ func (w *Writer) Flush() {
 	for i := range w.cur {
 		w.handOff(i)
 	}
+}
+
+// streamCounts are the event lines every Writer of the process wrote
+// and dropped, by stream.
+var streamCounts [len(streamFiles)]struct{ written, dropped atomic.Uint64 }
+
+// StreamTotal is what the Writers of the process did with one stream's
+// events: lines written to disk, and lines dropped (the disk was slower
+// than the stream, or refused them).
+type StreamTotal struct {
+	// Stream is the file's name without ".jsonl" ("syscalls", ...).
+	Stream           string
+	Written, Dropped uint64
+}
+
+// StreamTotals returns the totals of every stream since the process
+// started.
+func StreamTotals() []StreamTotal {
+	out := make([]StreamTotal, len(streamFiles))
+	for i, f := range streamFiles {
+		out[i] = StreamTotal{Stream: strings.TrimSuffix(f, ".jsonl"), Written: streamCounts[i].written.Load(), Dropped: streamCounts[i].dropped.Load()}
+	}
+	return out
 }
 
 // Dropped returns the number of lines dropped so far because the disk was
@@ -277,6 +302,7 @@ func (w *Writer) writeChunk(c chunk) {
 	if err == nil {
 		w.sizes[c.stream] += int64(n)
 		w.written.Add(uint64(n))
+		streamCounts[c.stream].written.Add(c.lines)
 		w.failing[c.stream].Store(false)
 		return
 	}
@@ -288,6 +314,7 @@ func (w *Writer) writeChunk(c chunk) {
 	// The chunk's own lost line goes too: carry its count forward.
 	w.diskLost[c.stream].Add(c.lines + c.carried)
 	w.lost.Add(c.lines)
+	streamCounts[c.stream].dropped.Add(c.lines)
 	w.failing[c.stream].Store(true)
 	w.setErr(fmt.Errorf("observe: %w", err))
 }

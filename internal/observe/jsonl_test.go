@@ -75,6 +75,7 @@ func TestWriterDropsInsteadOfBlocking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	before := StreamTotals()[0]
 	for i := 0; i < 20000; i++ { // ~4 MB: far more than pipe + queue
 		w.Write(&Event{Type: TypeSyscall, NR: 1, PID: int32(i)})
 	}
@@ -112,6 +113,11 @@ func TestWriterDropsInsteadOfBlocking(t *testing.T) {
 	}
 	if events+w.Dropped() != 20000 {
 		t.Errorf("written %d + dropped %d != 20000", events, w.Dropped())
+	}
+	// The process-wide totals (the metrics') saw the same.
+	after := StreamTotals()[0]
+	if after.Stream != "syscalls" || after.Written-before.Written != events || after.Dropped-before.Dropped != w.Dropped() {
+		t.Errorf("stream totals moved from %+v to %+v; the writer wrote %d and dropped %d", before, after, events, w.Dropped())
 	}
 }
 

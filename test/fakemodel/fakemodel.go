@@ -27,6 +27,11 @@ type Config struct {
 	Command string
 	// Marker starts the final answer (default FAKE-DONE).
 	Marker string
+	// Tool, when set, is the tool the Anthropic API calls instead of the
+	// shell, with ToolInput as its input, if the request offers it (e.g.
+	// an MCP tool: "mcp__agentjail__run_command").
+	Tool      string
+	ToolInput map[string]any
 }
 
 // Request is one logged request.
@@ -256,6 +261,10 @@ func (s *Server) anthropic(w http.ResponseWriter, r *http.Request, body []byte) 
 	planned := "text"
 	if out, ok := anthropicToolResult(&req); ok {
 		text, planned = s.final(out), "end_turn"
+	} else if name := offered(req.Tools, s.cfg.Tool); s.cfg.Tool != "" && name != "" {
+		tool, planned = name, "tool_use"
+		text = "I will use the " + name + " tool."
+		input = s.cfg.ToolInput
 	} else if name := offered(req.Tools, "Bash", "bash"); name != "" {
 		tool, planned = name, "tool_use"
 		text = "I will use the " + name + " tool."

@@ -23,7 +23,12 @@ function route() {
 }
 
 (async () => {
-  await loadSession();
+  const session = await loadSession();
+  // Who the session acts for: a key sees its tenant's jails only, and a
+  // viewer's changes are refused by the API (403, shown as a toast).
+  const who = session.whoami || {};
+  document.body.dataset.role = who.role || '';
+  document.getElementById('who').textContent = who.tenant ? `${who.tenant} · ${who.role}` : '';
   document.getElementById('logout').addEventListener('click', logout);
   // Moving between tabs of one jail keeps the page; other changes route.
   let last = '';

@@ -18,6 +18,7 @@ import (
 	runc "github.com/containerd/go-runc"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/tracing"
 )
 
 // The runtime binary is driven through containerd/go-runc rather than a
@@ -192,7 +193,9 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		text := r.discard(id, cio)
 		return fmt.Errorf("%w%s", runcError("start", id, err), detail(text))
 	}
+	_, span := tracing.Start(ctx, "init.ready")
 	line, err := cio.waitReady(ctx)
+	tracing.End(span, err)
 	if err == nil && line == ReadyLine {
 		go func() { _, _ = io.Copy(io.Discard, cio.stdout) }()
 		return nil
