@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/procstat"
 )
 
 // Bounds on init's waits for a shim: a shim that a jail's root stopped
@@ -57,17 +59,8 @@ func tracerPid() (int, error) {
 }
 
 // stopped reports whether process pid is stopped (by a signal or a
-// tracer), from the state field of /proc/PID/stat.
+// tracer).
 func stopped(pid int) bool {
-	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// The state follows the command name, which is in parentheses and may
-	// itself hold any character.
-	i := bytes.LastIndexByte(st, ')')
-	if i < 0 || i+2 >= len(st) {
-		return false
-	}
-	return st[i+2] == 'T' || st[i+2] == 't'
+	st, err := procstat.Read(pid)
+	return err == nil && st.Stopped()
 }

@@ -7,7 +7,6 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/confine"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/procstat"
 )
 
 // The shim is a small root process between init and each command: init
@@ -460,21 +460,11 @@ func descendants(root int) []int {
 
 // parentOf reads a process's parent pid from /proc (0 when unknown).
 func parentOf(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := procstat.Read(pid)
 	if err != nil {
 		return 0
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
+	return st.PPID
 }
 
 // killPinned SIGKILLs pid through a pidfd after checking, with the process

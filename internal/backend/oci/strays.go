@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/procstat"
 )
 
 // A daemon killed while it drove the runtime leaves the runtime running:
@@ -41,7 +43,7 @@ func (r *Runtime) Strays(id, verb string) []int {
 		if args[len(args)-1] != id || !r.ownsArgs(args) || (verb != "" && !slices.Contains(args, verb)) {
 			continue
 		}
-		if parent(pid) == self {
+		if st, err := procstat.Read(pid); err == nil && st.PPID == self {
 			continue
 		}
 		out = append(out, pid)
@@ -58,25 +60,6 @@ func (r *Runtime) ownsArgs(args []string) bool {
 		}
 	}
 	return false
-}
-
-// parent returns pid's parent pid (0 when it is gone).
-func parent(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[1])
-	return n
 }
 
 // WaitStrays waits until no stray runtime process acts on id (for verb,
