@@ -96,22 +96,7 @@ func (b *bgProc) run() {
 	pumps.Add(2)
 	go b.pump(ex.stdout, initproto.MsgStdout, &pumps)
 	go b.pump(ex.stderr, initproto.MsgStderr, &pumps)
-	var timer *time.Timer
-	if ex.req.TimeoutMs > 0 {
-		timer = time.AfterFunc(time.Duration(ex.req.TimeoutMs)*time.Millisecond, func() { ex.proc.killFor(true) })
-	}
-	res, shimOK := s.waitShim(ex.sh, ex.pid)
-	timedOut := ex.proc.finish()
-	if timer != nil {
-		timer.Stop()
-	}
-	status := exitStatus(res, ex.pid, ex.start, timedOut)
-	now := time.Now()
-	ex.stdout.SetReadDeadline(now)
-	ex.stderr.SetReadDeadline(now)
-	pumps.Wait()
-	ex.stdout.Close()
-	ex.stderr.Close()
+	status, res, shimOK := ex.await(func() (shimExit, bool) { return s.waitShim(ex.sh, ex.pid) }, &pumps)
 	b.inMu.Lock()
 	if ex.stdin != nil && !b.stdinClosed {
 		ex.stdin.Close()

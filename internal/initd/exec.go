@@ -426,29 +426,7 @@ func (ex *execution) run() {
 	go ex.pump(ex.stderr, initproto.MsgStderr, &pumps)
 	readerDone := make(chan struct{})
 	go ex.readClient(readerDone)
-	var timer *time.Timer
-	if ex.req.TimeoutMs > 0 {
-		timer = time.AfterFunc(time.Duration(ex.req.TimeoutMs)*time.Millisecond, func() {
-			ex.proc.killFor(true)
-		})
-	}
-
-	res, shimOK := ex.waitExit()
-	timedOut := ex.proc.finish()
-	if timer != nil {
-		timer.Stop()
-	}
-	status := exitStatus(res, ex.pid, ex.start, timedOut)
-
-	// Everything the command wrote before it exited is in the pipes now.
-	// Drain it without waiting for background descendants that may still
-	// hold the pipes open; they lose them (EPIPE) when init closes them.
-	now := time.Now()
-	ex.stdout.SetReadDeadline(now)
-	ex.stderr.SetReadDeadline(now)
-	pumps.Wait()
-	ex.stdout.Close()
-	ex.stderr.Close()
+	status, res, shimOK := ex.await(ex.waitExit, &pumps)
 	if ex.stdin != nil {
 		ex.stdin.Close()
 	}
@@ -466,6 +444,33 @@ func (ex *execution) run() {
 	}
 	ex.c.c.Close()
 	<-readerDone
+}
+
+// await waits for the command's exit with wait, killing the command when
+// the request's timeout passes first, then drains and closes its output
+// pipes. Everything the command wrote before it exited is in the pipes by
+// then; the drain does not wait for background descendants that may
+// still hold them open: they lose them (EPIPE) when init closes them.
+func (ex *execution) await(wait func() (shimExit, bool), pumps *sync.WaitGroup) (status initproto.ExitStatus, res shimExit, shimOK bool) {
+	var timer *time.Timer
+	if ex.req.TimeoutMs > 0 {
+		timer = time.AfterFunc(time.Duration(ex.req.TimeoutMs)*time.Millisecond, func() {
+			ex.proc.killFor(true)
+		})
+	}
+	res, shimOK = wait()
+	timedOut := ex.proc.finish()
+	if timer != nil {
+		timer.Stop()
+	}
+	status = exitStatus(res, ex.pid, ex.start, timedOut)
+	now := time.Now()
+	ex.stdout.SetReadDeadline(now)
+	ex.stderr.SetReadDeadline(now)
+	pumps.Wait()
+	ex.stdout.Close()
+	ex.stderr.Close()
+	return status, res, shimOK
 }
 
 // waitExit reads the shim's exit report (see waitShim).
