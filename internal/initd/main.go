@@ -106,7 +106,16 @@ func Main(args []string) int {
 
 // runInit is init's life; it returns only a start error or nil after a
 // graceful shutdown.
-func runInit(dir string) error {
+func runInit(dir string) error { return Run(dir, nil, nil) }
+
+// Run is the life of an init whose control dir is dir: as Main describes
+// (configuration, log, reaping, signals, graceful shutdown), serving the
+// control protocol on l when it is not nil (connections the caller has
+// vouched for: no peer check; a virtual machine's control channel), else
+// on dir's control socket. Readiness is signalled by calling ready when it
+// is not nil, else by writing initproto.ReadyLine to stdout. It returns a
+// start error, or nil after a graceful shutdown.
+func Run(dir string, l net.Listener, ready func() error) error {
 	// Nothing in the jail, root included, may trace or stop init.
 	if err := protectSelf(); err != nil {
 		return err
@@ -146,18 +155,25 @@ func runInit(dir string) error {
 
 	logger := log.New(os.Stderr, "agentjail init: ", log.LstdFlags|log.Lmicroseconds)
 	srv, err := NewServer(Options{
-		Config: cfg, PeerCheck: true, ReapAll: true, Log: logger,
+		Config: cfg, PeerCheck: l == nil, ReapAll: true, Log: logger,
 		RecordDir: filepath.Join(dir, initproto.RecordingsName),
 	})
 	if err != nil {
 		return err
 	}
-	l, err := listen(filepath.Join(dir, initproto.SocketName))
-	if err != nil {
-		srv.Shutdown(context.Background())
-		return err
+	if l == nil {
+		if l, err = listen(filepath.Join(dir, initproto.SocketName)); err != nil {
+			srv.Shutdown(context.Background())
+			return err
+		}
 	}
-	if _, err := io.WriteString(os.Stdout, initproto.ReadyLine); err != nil {
+	if ready == nil {
+		ready = func() error {
+			_, err := io.WriteString(os.Stdout, initproto.ReadyLine)
+			return err
+		}
+	}
+	if err := ready(); err != nil {
 		l.Close()
 		srv.Shutdown(context.Background())
 		return fmt.Errorf("signal readiness: %w", err)
