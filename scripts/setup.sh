@@ -3,6 +3,7 @@
 #
 # Installs the Debian packages the daemon and its tests use, builds CRIU >= 4.1
 # when the installed one is missing, too old or broken (scripts/build-criu.sh),
+# unpacks the vm level's guest kernel (scripts/build-vm-kernel.sh),
 # checks that Go >= 1.26 is on PATH, and builds runsc for the gvisor level
 # from the gVisor Go module when the pinned one is not installed
 # (scripts/build-runsc.sh; Debian's older runsc package is installed beside it
@@ -15,7 +16,8 @@ GO_MIN_MAJOR=1
 GO_MIN_MINOR=26
 PACKAGES=(runc iptables nftables iproute2 xfsprogs btrfs-progs util-linux strace python3
 	git curl ca-certificates tshark procps psmisc tmux asciinema protobuf-compiler patch busybox-static
-	skopeo umoci mmdebstrap chromium fonts-dejavu-core clang llvm libbpf-dev runsc)
+	skopeo umoci mmdebstrap chromium fonts-dejavu-core clang llvm libbpf-dev runsc
+	qemu-system-x86 erofs-utils lz4)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export DEBIAN_FRONTEND=noninteractive
@@ -44,6 +46,8 @@ if ((${#missing[@]} > 0)); then
 fi
 
 "$here/build-criu.sh"
+# The vm level's guest kernel (Debian's, pinned; see the script).
+"$here/build-vm-kernel.sh"
 
 command -v go >/dev/null 2>&1 || die "go is not on PATH (expected at /usr/local/go/bin); install Go >= $GO_MIN_MAJOR.$GO_MIN_MINOR"
 gover=$(go env GOVERSION)
