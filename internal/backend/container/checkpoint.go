@@ -382,7 +382,7 @@ func (b *Backend) checkpointFS(inst backend.Instance, p paths, opts backend.Chec
 	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("snapshot of jail %s: freeze %s: %w", inst.Name, p.disk, err)
 	}
-	cerr := cloneFile(b.opts.Pool.DiskPath(inst.ID), opts.DiskImage)
+	cerr := storage.CloneFile(b.opts.Pool.DiskPath(inst.ID), opts.DiskImage)
 	terr := unix.IoctlSetInt(fd, ioctlFITHAW, 0)
 	frozen := time.Since(start)
 	if cerr != nil {
@@ -406,35 +406,6 @@ func thawFS(dir string) error {
 	defer unix.Close(fd)
 	if err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("thaw %s: %w", dir, err)
-	}
-	return nil
-}
-
-// cloneFile makes dst (which must not exist) a reflink copy of src. On
-// error dst does not exist.
-func cloneFile(src, dst string) (err error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("clone %s: %w", src, err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return errdefs.Conflictf("clone %s: %s already exists", src, dst)
-	}
-	if err != nil {
-		return fmt.Errorf("clone %s: %w", src, err)
-	}
-	defer func() {
-		if cerr := out.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("clone %s to %s: %w", src, dst, cerr)
-		}
-		if err != nil {
-			os.Remove(dst)
-		}
-	}()
-	if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err != nil {
-		return fmt.Errorf("clone %s to %s: %w", src, dst, err)
 	}
 	return nil
 }
@@ -590,7 +561,7 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if src.Processes && !b.caps.Checkpoint {
 		return backend.Status{}, errdefs.NotImplementedf("process restores are unavailable: %s", b.caps.CheckpointReason)
 	}
-	if err := cloneFile(src.DiskImage, b.opts.Pool.DiskPath(inst.ID)); err != nil {
+	if err := storage.CloneFile(src.DiskImage, b.opts.Pool.DiskPath(inst.ID)); err != nil {
 		return backend.Status{}, fmt.Errorf("jail disk: %w", err)
 	}
 	if !src.Processes {
