@@ -82,6 +82,10 @@ const (
 	// ExposesHostProcesses: the host's process list (/proc) is visible;
 	// other processes cannot be traced, signalled or read.
 	ExposesHostProcesses = "host_processes"
+	// ExposesGuestKernel: the jail runs on a kernel of its own (a virtual
+	// machine's), which its root may reconfigure at will (mounts, modules,
+	// raw sockets, the clock): what that changes stays in the machine.
+	ExposesGuestKernel = "guest_kernel"
 )
 
 // Level is one isolation level as GET /health and `agentjail info`

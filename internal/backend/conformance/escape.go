@@ -16,8 +16,24 @@ import (
 )
 
 // exposed maps a probe attempt to the Capabilities.Exposes value that
-// lets it through.
+// lets it through. A jail on a kernel of its own (ExposesGuestKernel) may
+// do to that kernel what its root could do to a machine's; the attempts
+// aimed at the host and other jails (their processes and files) must
+// still fail.
 var exposed = map[string]string{"see host processes": model.ExposesHostProcesses}
+
+func init() {
+	for _, name := range []string{
+		"mount tmpfs", "mount proc", "mount cgroup2", "remount /usr read-write", "umount /usr", "umount /proc",
+		"pivot_root", "fsopen", "open_tree", "chroot",
+		"unshare user namespace", "unshare mount namespace", "unshare net namespace", "unshare user+mount namespaces",
+		"clone into a user namespace", "kernel keyrings (add_key, keyctl)", "write /proc/sys", "write /proc/sysrq-trigger",
+		"write /sys", "load a kernel module", "bpf()", "raw sockets", "mknod a host disk", "move out of the jail cgroup",
+		"setns", "reboot", "set the clock", "open_by_handle_at", "iopl", "ioperm", "kexec_load", "swapon",
+	} {
+		exposed[name] = model.ExposesGuestKernel
+	}
+}
 
 // escape runs EscapeProbe in a jail, as its default user and as its root
 // when the level grants one, beside another jail: every attempt on the
