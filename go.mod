@@ -5,6 +5,7 @@ go 1.26.3
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/aymanbagabas/go-udiff v0.4.1
+	github.com/cavaliergopher/cpio v1.0.1
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.22.1
 	github.com/cilium/ebpf v0.22.0
@@ -16,6 +17,7 @@ require (
 	github.com/google/nftables v0.3.0
 	github.com/gopacket/gopacket v1.6.0
 	github.com/hashicorp/mdns v1.0.7
+	github.com/hashicorp/yamux v0.1.2
 	github.com/klauspost/compress v1.20.3
 	github.com/landlock-lsm/go-landlock v0.11.0
 	github.com/mdlayher/netlink v1.9.1-0.20260312172110-2a932c0fc1ae

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/agentjail/agentjail/internal/backend/vm/guest"
 	"github.com/agentjail/agentjail/internal/confine"
 )
 
@@ -20,6 +21,11 @@ func main() {
 	// of a jail and must not pay for (or be affected by) the CLI's setup.
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		os.Exit(runInit(os.Args[2:]))
+	}
+	// And PID 1 of a vm-level jail's machine (the kernel starts it from
+	// the initramfs as `/agentjail vminit`).
+	if len(os.Args) > 1 && os.Args[1] == "vminit" && os.Getpid() == 1 {
+		guest.Main()
 	}
 	// So is the first step of a process-level jail, which becomes its init.
 	if len(os.Args) > 1 && os.Args[1] == "confine" {

@@ -1,0 +1,478 @@
+// Package guest is PID 1 of a vm-level jail's guest kernel: the daemon's
+// own binary, started from the initramfs the daemon builds (`agentjail
+// vminit`). It loads the virtio modules, opens the control port
+// (vmproto.PortName) and serves the daemon over it: on Boot it mounts the
+// jail's root (a read-only erofs tree, a writable ext4 layer, overlayfs,
+// and the host's /usr read-only for host-rootfs jails), configures the
+// network, clock and host name, switches into the root and runs the same
+// init as every other level (internal/initd) on the port's streams; it
+// reports what the jail's processes do from inside (the tracer of
+// internal/observe/bpf on the guest kernel), answers usage queries, and
+// powers the machine off when init ends.
+package guest
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/backend/vm/vmproto"
+	"github.com/agentjail/agentjail/internal/initd"
+	"github.com/agentjail/agentjail/internal/initproto"
+)
+
+// portTimeout bounds the wait for the control port to appear.
+const portTimeout = 30 * time.Second
+
+// modulesDir holds the kernel modules in the initramfs, loaded in the
+// order of its file "order".
+const modulesDir = "/lib/modules"
+
+var logger = log.New(os.Stderr, "agentjail vminit: ", log.Lmicroseconds)
+
+// Main runs PID 1 of the guest and does not return: it powers the machine
+// off when init ends, or on a start failure (which it prints on the
+// console first).
+func Main() {
+	if err := run(); err != nil {
+		logger.Printf("fatal: %v", err)
+	}
+	unix.Sync()
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+	// With -no-reboot QEMU exits on a reboot too.
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	select {}
+}
+
+// g is the guest's state.
+type g struct {
+	port *os.File
+	// sessMu guards in, the input of the current session (nil: parked).
+	sessMu sync.Mutex
+	in     *io.PipeWriter
+	inR    *io.PipeReader
+	// initConns feeds init's server with the KindInit streams.
+	initConns *chanListener
+	booted    chan struct{}
+	bootOnce  sync.Once
+	mu        sync.Mutex
+	boot      *vmproto.Boot
+	root      *rootState
+	// initDone is closed when init's server has ended.
+	initDone chan error
+}
+
+func run() error {
+	for _, m := range []struct{ src, dst, typ string }{
+		{"devtmpfs", "/dev", "devtmpfs"}, {"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"},
+	} {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, m.dst, m.typ, unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+	// The kernel gives PID 1 a console only when the initramfs has
+	// /dev/console; it has devtmpfs's.
+	if c, err := os.OpenFile("/dev/console", os.O_RDWR, 0); err == nil {
+		for fd := 0; fd <= 2; fd++ {
+			_ = unix.Dup3(int(c.Fd()), fd, 0)
+		}
+		c.Close()
+	}
+	if err := loadModules(); err != nil {
+		return err
+	}
+	logger.Printf("modules loaded")
+	portPath, err := findPort(vmproto.PortName)
+	if err != nil {
+		return err
+	}
+	port, err := os.OpenFile(portPath, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open control port: %w", err)
+	}
+	st := &g{
+		port: port, initConns: newChanListener(), booted: make(chan struct{}),
+		initDone: make(chan error, 1),
+	}
+	go st.servePort()
+	<-st.booted
+	return <-st.initDone
+}
+
+// loadModules loads the modules of the initramfs in their order.
+func loadModules() error {
+	order, err := os.ReadFile(filepath.Join(modulesDir, "order"))
+	if err != nil {
+		return fmt.Errorf("module order: %w", err)
+	}
+	for _, name := range strings.Fields(string(order)) {
+		f, err := os.Open(filepath.Join(modulesDir, name))
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// findPort waits for the virtio-serial port named name and returns its
+// device path.
+func findPort(name string) (string, error) {
+	deadline := time.Now().Add(portTimeout)
+	for {
+		ents, _ := os.ReadDir("/sys/class/virtio-ports")
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join("/sys/class/virtio-ports", e.Name(), "name"))
+			if err == nil && strings.TrimSpace(string(b)) == name {
+				dev := "/dev/" + e.Name()
+				if _, err := os.Stat(dev); err == nil {
+					return dev, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no virtio-serial port %q after %v", name, portTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// servePort is the only reader of the control port. Parked (at boot,
+// after the daemon went away or asked to park), it looks for
+// vmproto.WakeLine in what arrives, answers a hello line and starts a
+// yamux session whose input is what follows; a session lasts until the
+// daemon hangs up or parks it.
+func (st *g) servePort() {
+	buf := make([]byte, 64<<10)
+	var scan []byte
+	for {
+		n, err := st.port.Read(buf)
+		if n == 0 {
+			if err != nil && !errors.Is(err, io.EOF) {
+				logger.Printf("control port: %v", err)
+			}
+			// The daemon hung up (or never came): end the session and
+			// wait for a connection.
+			logger.Printf("control port: the daemon is away (%v)", err)
+			st.park()
+			scan = scan[:0]
+			st.waitHost()
+			continue
+		}
+		data := buf[:n]
+		st.sessMu.Lock()
+		in := st.in
+		st.sessMu.Unlock()
+		if in != nil {
+			// A session that ended takes nothing more.
+			_, _ = in.Write(data)
+			continue
+		}
+		scan = append(scan, data...)
+		i := bytes.Index(scan, []byte(vmproto.WakeLine))
+		if i < 0 {
+			if keep := len(vmproto.WakeLine) - 1; len(scan) > keep {
+				scan = append(scan[:0], scan[len(scan)-keep:]...)
+			}
+			continue
+		}
+		rest := append([]byte(nil), scan[i+len(vmproto.WakeLine):]...)
+		scan = scan[:0]
+		if _, err := fmt.Fprintf(st.port, "\n%s\n", vmproto.HelloLine); err != nil {
+			logger.Printf("control port: %v", err)
+			continue
+		}
+		logger.Printf("control session starts")
+		pr, pw := io.Pipe()
+		st.sessMu.Lock()
+		st.in, st.inR = pw, pr
+		st.sessMu.Unlock()
+		go st.session(pr)
+		if len(rest) > 0 {
+			_, _ = pw.Write(rest)
+		}
+	}
+}
+
+// park ends the current session's input: the port's next bytes are
+// scanned for the wake line. The session itself ends after grace (its
+// last replies are still being sent).
+func (st *g) park() {
+	st.sessMu.Lock()
+	in := st.in
+	st.in = nil
+	st.sessMu.Unlock()
+	if in != nil {
+		time.AfterFunc(parkGrace, func() { in.CloseWithError(io.EOF) })
+	}
+}
+
+// parkGrace is how long a parked session may still send.
+const parkGrace = time.Second
+
+// waitHost waits until the daemon is connected to the port (poll reports
+// no hang-up).
+func (st *g) waitHost() {
+	fds := []unix.PollFd{{Fd: int32(st.port.Fd()), Events: unix.POLLIN}}
+	for {
+		fds[0].Revents = 0
+		if _, err := unix.Poll(fds, 1000); err != nil && !errors.Is(err, unix.EINTR) {
+			logger.Printf("control port: %v", err)
+			time.Sleep(time.Second)
+			continue
+		}
+		if fds[0].Revents&unix.POLLHUP == 0 {
+			return
+		}
+		// Poll returns at once while the host is away.
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pipeConn is a session's connection: input from the port's reader,
+// output to the port.
+type pipeConn struct {
+	r    *io.PipeReader
+	port *os.File
+}
+
+func (p pipeConn) Read(b []byte) (int, error)  { return p.r.Read(b) }
+func (p pipeConn) Write(b []byte) (int, error) { return p.port.Write(b) }
+func (p pipeConn) Close() error                { return p.r.Close() }
+
+// session serves one yamux session until its input ends.
+func (st *g) session(in *io.PipeReader) {
+	cfg := yamux.DefaultConfig()
+	cfg.EnableKeepAlive = false
+	cfg.LogOutput = io.Discard
+	cfg.MaxStreamWindowSize = 1 << 20
+	s, err := yamux.Server(pipeConn{in, st.port}, cfg)
+	if err != nil {
+		logger.Printf("control session: %v", err)
+		return
+	}
+	defer s.Close()
+	for {
+		c, err := s.Accept()
+		if err != nil {
+			logger.Printf("control session ends: %v", err)
+			// Park, unless a new session already replaced this one.
+			st.sessMu.Lock()
+			if st.in != nil && st.inR == in {
+				st.in = nil
+			}
+			st.sessMu.Unlock()
+			return
+		}
+		go st.stream(c)
+	}
+}
+
+// stream dispatches one stream by its first byte.
+func (st *g) stream(c net.Conn) {
+	var kind [1]byte
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadFull(c, kind[:]); err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	switch kind[0] {
+	case vmproto.KindInit:
+		select {
+		case <-st.booted:
+			st.initConns.put(c)
+		default:
+			c.Close()
+		}
+	case vmproto.KindBoot:
+		var b vmproto.Boot
+		st.request(c, &b, func() error { return st.doBoot(&b) })
+	case vmproto.KindResume:
+		var r vmproto.Resume
+		st.request(c, &r, func() error { return st.resume(&r) })
+	case vmproto.KindPark:
+		var req struct{}
+		// Bytes after this request's are the next session's: the daemon
+		// parks the guest before the machine is saved.
+		st.request(c, &req, func() error { st.park(); return nil })
+	case vmproto.KindShutdown:
+		var req struct{}
+		// Init ends gracefully on SIGTERM (its commands get it first);
+		// the machine powers off when it has.
+		st.request(c, &req, func() error { return unix.Kill(os.Getpid(), unix.SIGTERM) })
+	case vmproto.KindHostname:
+		var h vmproto.Hostname
+		st.request(c, &h, func() error { return unix.Sethostname([]byte(h.Name)) })
+	case vmproto.KindStats:
+		defer c.Close()
+		s := st.stats()
+		_ = json.NewEncoder(c).Encode(s)
+	default:
+		c.Close()
+	}
+}
+
+// request reads one JSON line into req, runs do and answers a Reply.
+func (st *g) request(c net.Conn, req any, do func() error) {
+	defer c.Close()
+	line, err := bufio.NewReaderSize(c, 64<<10).ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(line, req)
+	}
+	if err == nil {
+		err = do()
+	}
+	var rep vmproto.Reply
+	if err != nil {
+		rep.Error = err.Error()
+		logger.Print(err)
+	}
+	_ = json.NewEncoder(c).Encode(rep)
+}
+
+// doBoot makes the guest the jail and starts init; it returns once init
+// serves.
+func (st *g) doBoot(b *vmproto.Boot) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.boot != nil {
+		return errors.New("already booted")
+	}
+	logger.Printf("boot request")
+	setClock(b.UnixNano)
+	root, err := mountRoot(b)
+	if err != nil {
+		return err
+	}
+	st.root = root
+	if err := unix.Sethostname([]byte(b.Hostname)); err != nil {
+		return fmt.Errorf("host name: %w", err)
+	}
+	if err := configureNet(b.Net); err != nil {
+		return err
+	}
+	if err := writeNetFiles(&b.Resume); err != nil {
+		return err
+	}
+	if err := root.jailCgroup(b.PidsLimit, b.Limits); err != nil {
+		return err
+	}
+	if n := b.Limits.Nofile; n > 0 {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			return fmt.Errorf("nofile limit: %w", err)
+		}
+	}
+	dir := initproto.ControlDir
+	data, err := json.Marshal(b.Init)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, initproto.ConfigName), data, 0o600); err != nil {
+		return fmt.Errorf("init config: %w", err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		err := initd.Run(dir, st.initConns, func() error { close(ready); return nil })
+		st.initDone <- err
+	}()
+	select {
+	case <-ready:
+	case err := <-st.initDone:
+		st.initDone <- err
+		return fmt.Errorf("init did not start: %v", err)
+	}
+	logger.Printf("jail %s: init serves", b.Init.JailID)
+	st.boot = b
+	st.bootOnce.Do(func() { close(st.booted) })
+	return nil
+}
+
+// resume applies what changed after a restore.
+func (st *g) resume(r *vmproto.Resume) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	setClock(r.UnixNano)
+	if r.Hostname != "" {
+		if err := unix.Sethostname([]byte(r.Hostname)); err != nil {
+			return fmt.Errorf("host name: %w", err)
+		}
+	}
+	if err := configureNet(r.Net); err != nil {
+		return err
+	}
+	return writeNetFiles(r)
+}
+
+// setClock sets the wall clock (the guest has no clock of its own: the
+// machine has no RTC, and a restored one continues from its snapshot's
+// time).
+func setClock(unixNano int64) {
+	if unixNano <= 0 {
+		return
+	}
+	tv := unix.NsecToTimeval(unixNano)
+	if err := unix.Settimeofday(&tv); err != nil {
+		logger.Printf("set clock: %v", err)
+	}
+}
+
+// chanListener is a net.Listener of connections handed to it.
+type chanListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func newChanListener() *chanListener {
+	return &chanListener{ch: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *chanListener) put(c net.Conn) {
+	select {
+	case l.ch <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *chanListener) Addr() net.Addr { return portAddr{} }
+
+type portAddr struct{}
+
+func (portAddr) Network() string { return "virtio-serial" }
+func (portAddr) String() string  { return vmproto.PortName }
