@@ -5,6 +5,7 @@ import (
 	"github.com/agentjail/agentjail/internal/backend/container"
 	"github.com/agentjail/agentjail/internal/backend/gvisor"
 	"github.com/agentjail/agentjail/internal/backend/process"
+	"github.com/agentjail/agentjail/internal/backend/vm"
 )
 
 // levelFlags are serve's options of the isolation levels.
@@ -25,5 +26,6 @@ func (f levelFlags) factories() []backend.Factory {
 		process.Factory(),
 		gvisor.Factory(f.runsc),
 		process.NoneFactory(f.unsafeNone),
+		vm.Factory(),
 	}
 }
