@@ -181,6 +181,9 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if err != nil {
 		return backend.Status{}, err
 	}
+	if err := confine(inst.ID, inst.Config.Isolation.Resources, spec.memMiB, pid); err != nil {
+		return backend.Status{}, err
+	}
 	q, err := qmp.Dial(ctx, filepath.Join(p.run, qmpSock))
 	if err != nil {
 		return backend.Status{}, fmt.Errorf("the machine's monitor: %w", err)

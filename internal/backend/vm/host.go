@@ -13,7 +13,12 @@ import (
 	"strings"
 	"time"
 
+	ocgroups "github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/manager"
 	"github.com/vishvananda/netlink"
+
+	"github.com/agentjail/agentjail/internal/backend/hostjail"
+	"github.com/agentjail/agentjail/internal/config"
 )
 
 // kvmProbeTimeout bounds the test boot that decides whether KVM works.
@@ -94,28 +99,6 @@ func tscKHz() int {
 	return 0
 }
 
-// cpuTimeNs is the CPU time process pid used (user and system).
-func cpuTimeNs(pid int) uint64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	// Fields after the command (which may hold spaces): state is [0],
-	// utime [11], stime [12].
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseUint(f[11], 10, 64)
-	s, _ := strconv.ParseUint(f[12], 10, 64)
-	// Clock ticks are 100 Hz on Linux.
-	return (u + s) * 10_000_000
-}
-
 func netipPrefix32(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 func netlinkByName(name string) (netlink.Link, error) {
@@ -124,4 +107,32 @@ func netlinkByName(name string) (netlink.Link, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return l, nil
+}
+
+// hostCgroupSlack is the memory a machine's QEMU may use beyond the
+// guest's RAM (its own code, device buffers, translated code under TCG).
+const hostCgroupSlack = 512 << 20
+
+// confine places the machine's QEMU (pid) in the jail's cgroup on the
+// host, with the jail's CPU share and quota and a memory bound of the
+// machine's RAM and QEMU's own needs: the jail's root, who rules the
+// guest's own cgroups, cannot take more of the host than that.
+func confine(id string, r config.Resources, memMiB, pid int) error {
+	path := string(hostjail.CgroupOf(id))
+	res := &ocgroups.Resources{
+		Memory:    int64(memMiB)<<20 + hostCgroupSlack,
+		CpuShares: r.CPUShares, CpuPeriod: r.CPUPeriod, CpuQuota: r.CPUQuota,
+		SkipDevices: true,
+	}
+	m, err := manager.New(&ocgroups.Cgroup{Path: path, Resources: res})
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	if err := m.Apply(pid); err != nil {
+		return fmt.Errorf("cgroup %s: place the machine (pid %d): %w", path, pid, err)
+	}
+	if err := m.Set(res); err != nil {
+		return fmt.Errorf("cgroup %s: limits: %w", path, err)
+	}
+	return nil
 }

@@ -67,7 +67,7 @@ func (s machineSpec) args() []string {
 		"rdinit=/agentjail", "-", "vminit",
 	}
 	if s.tscKHz > 0 {
-		cmdline = append([]string{"tsc_early_khz=" + strconv.Itoa(s.tscKHz)}, cmdline...)
+		cmdline = append([]string{"tsc_early_khz=" + strconv.Itoa(s.tscKHz), "tsc=reliable"}, cmdline...)
 	}
 	// The kernel passes what follows "--" to init.
 	for i, a := range cmdline {

@@ -36,6 +36,7 @@ import (
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/backend/hostjail"
 	"github.com/agentjail/agentjail/internal/backend/vm/vmproto"
+	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image"
@@ -108,7 +109,10 @@ type Backend struct {
 	sessions map[string]*session // jail id → control session
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend     = (*Backend)(nil)
+	_ backend.OOMReporter = (*Backend)(nil)
+)
 
 // New returns the vm backend, or errdefs.ErrUnavailable saying what this
 // host lacks (QEMU, the guest kernel, mkfs.erofs) and how to get it.
@@ -448,6 +452,9 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 			b.kill(context.WithoutCancel(ctx), inst)
 		}
 	}()
+	if err := confine(inst.ID, inst.Config.Isolation.Resources, spec.memMiB, pid); err != nil {
+		return backend.Status{}, err
+	}
 	if inst.OnCreated != nil {
 		if err := inst.OnCreated(st); err != nil {
 			return backend.Status{}, err
@@ -603,7 +610,7 @@ func (b *Backend) Rename(ctx context.Context, inst backend.Instance, st backend.
 }
 
 // Stats implements backend.Backend: the guest reports its usage; the
-// machine's CPU time is QEMU's.
+// CPU time is the machine's, as the host accounts it.
 func (b *Backend) Stats(ctx context.Context, inst backend.Instance) (backend.Stats, error) {
 	var s vmproto.Stats
 	if err := b.session(inst).request(ctx, vmproto.KindStats, nil, &s); err != nil {
@@ -614,10 +621,22 @@ func (b *Backend) Stats(ctx context.Context, inst backend.Instance) (backend.Sta
 		Pids: s.Pids, PidsLimit: s.PidsLimit, OOMKills: s.OOMKills,
 		DiskUsedBytes: s.DiskUsedBytes, DiskLimitBytes: s.DiskTotalBytes,
 	}
-	if pid, err := readPid(b.paths(inst).run); err == nil && pid > 0 {
-		st.CPUTimeNs = cpuTimeNs(pid)
+	if cs, err := cgroups.Read(string(hostjail.CgroupOf(inst.ID))); err == nil {
+		st.CPUTimeNs = cs.CPUTimeNs
 	}
 	return st, nil
+}
+
+// OOMKills implements backend.OOMReporter: the guest kernel counts the
+// jail's processes it killed for exceeding the jail's memory.
+func (b *Backend) OOMKills(inst backend.Instance) (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var s vmproto.Stats
+	if err := b.session(inst).request(ctx, vmproto.KindStats, nil, &s); err != nil {
+		return 0, fmt.Errorf("jail %s: %w", inst.Name, err)
+	}
+	return s.OOMKills, nil
 }
 
 // InitDialer implements backend.Backend: each connection is a stream of
