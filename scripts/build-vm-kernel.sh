@@ -24,7 +24,7 @@ want="$KERNEL_PKG $KERNEL_VERSION ${MODULES[*]}"
 if [ "$(cat "$VM_DIR/VERSION" 2>/dev/null)" = "$want" ] && [ -f "$VM_DIR/vmlinux" ]; then
 	exit 0
 fi
-for tool in lz4 qemu-system-x86_64 qemu-img mkfs.erofs mkfs.ext4; do
+for tool in lz4 apt-get dpkg-deb; do
 	command -v "$tool" >/dev/null || { log "error: $tool is missing (setup installs it)"; exit 1; }
 done
 
