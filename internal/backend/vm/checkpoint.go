@@ -168,20 +168,8 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 		UnixNano: time.Now().UnixNano(), Hostname: inst.Hostname,
 		ResolvConf: att.ResolvConf, CAPEM: att.CAPEM, CAPath: att.CAPath,
 	}
-	if att.IP.IsValid() {
-		tap, mac, mtu, err := tapIn(p.netns)
-		if err != nil {
-			return backend.Status{}, fmt.Errorf("network: %w", err)
-		}
-		defer tap.Close()
-		spec.tap, spec.mac = tap, mac
-		resume.Net = &vmproto.Net{MAC: mac, Addr: netipPrefix32(att.IP), Gateway: att.Gateway, MTU: mtu}
-	}
-	pid, err := launch(ctx, b.opts.QEMU, spec)
+	pid, err := b.launch(ctx, inst, spec, att, &resume)
 	if err != nil {
-		return backend.Status{}, err
-	}
-	if err := confine(inst.ID, inst.Config.Isolation.Resources, spec.memMiB, pid); err != nil {
 		return backend.Status{}, err
 	}
 	q, err := qmp.Dial(ctx, filepath.Join(p.run, qmpSock))

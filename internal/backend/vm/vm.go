@@ -44,6 +44,7 @@ import (
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netns"
+	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/procwait"
 	"github.com/agentjail/agentjail/internal/rootfs"
 	"github.com/agentjail/agentjail/internal/storage"
@@ -431,17 +432,8 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 			UnixNano: time.Now().UnixNano(), ResolvConf: att.ResolvConf, CAPEM: att.CAPEM, CAPath: att.CAPath,
 		},
 	}
-	if att.IP.IsValid() {
-		tap, mac, mtu, err := tapIn(p.netns)
-		if err != nil {
-			return backend.Status{}, fmt.Errorf("network: %w", err)
-		}
-		defer tap.Close()
-		spec.tap, spec.mac = tap, mac
-		boot.Net = &vmproto.Net{MAC: mac, Addr: netipPrefix32(att.IP), Gateway: att.Gateway, MTU: mtu}
-	}
 	tNet := time.Now()
-	pid, err := launch(ctx, b.opts.QEMU, spec)
+	pid, err := b.launch(ctx, inst, spec, att, &boot.Resume)
 	if err != nil {
 		return backend.Status{}, err
 	}
@@ -452,9 +444,6 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 			b.kill(context.WithoutCancel(ctx), inst)
 		}
 	}()
-	if err := confine(inst.ID, inst.Config.Isolation.Resources, spec.memMiB, pid); err != nil {
-		return backend.Status{}, err
-	}
 	if inst.OnCreated != nil {
 		if err := inst.OnCreated(st); err != nil {
 			return backend.Status{}, err
@@ -469,6 +458,30 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	b.opts.Log.Debug("started jail", "jail", inst.ID, "images_and_network", tNet.Sub(t0),
 		"launch", tLaunch.Sub(tNet), "boot", time.Since(tLaunch), "accel", b.accel)
 	return st, nil
+}
+
+// launch starts the machine spec of inst, on the network of att (a tap
+// spliced to the jail's link, whose settings go into r), in the jail's
+// host cgroup, and returns QEMU's pid. On error no machine runs.
+func (b *Backend) launch(ctx context.Context, inst backend.Instance, spec machineSpec, att netpolicy.Attachment, r *vmproto.Resume) (int, error) {
+	if att.IP.IsValid() {
+		tap, mac, mtu, err := tapIn(b.paths(inst).netns)
+		if err != nil {
+			return 0, fmt.Errorf("network: %w", err)
+		}
+		// QEMU has its own descriptor: the tap goes with the machine.
+		defer tap.Close()
+		spec.tap, spec.mac = tap, mac
+		r.Net = &vmproto.Net{MAC: mac, Addr: netipPrefix32(att.IP), Gateway: att.Gateway, MTU: mtu}
+	}
+	pid, err := launch(ctx, b.opts.QEMU, spec)
+	if err != nil {
+		return 0, err
+	}
+	if err := confine(inst.ID, inst.Config.Isolation.Resources, spec.memMiB, pid); err != nil {
+		return 0, errors.Join(err, b.kill(context.WithoutCancel(ctx), inst))
+	}
+	return pid, nil
 }
 
 // consoleTail is the end of a machine's console, for errors.

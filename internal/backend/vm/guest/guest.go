@@ -70,7 +70,6 @@ type g struct {
 	bootOnce  sync.Once
 	mu        sync.Mutex
 	boot      *vmproto.Boot
-	root      *rootState
 	// initDone is closed when init's server has ended.
 	initDone chan error
 }
@@ -361,11 +360,9 @@ func (st *g) doBoot(b *vmproto.Boot) error {
 	}
 	logger.Printf("boot request")
 	setClock(b.UnixNano)
-	root, err := mountRoot(b)
-	if err != nil {
+	if err := mountRoot(b); err != nil {
 		return err
 	}
-	st.root = root
 	if err := unix.Sethostname([]byte(b.Hostname)); err != nil {
 		return fmt.Errorf("host name: %w", err)
 	}
@@ -375,7 +372,7 @@ func (st *g) doBoot(b *vmproto.Boot) error {
 	if err := writeNetFiles(&b.Resume); err != nil {
 		return err
 	}
-	if err := root.jailCgroup(b.PidsLimit, b.Limits); err != nil {
+	if err := jailCgroup(b.PidsLimit, b.Limits); err != nil {
 		return err
 	}
 	if n := b.Limits.Nofile; n > 0 {

@@ -24,11 +24,6 @@ const (
 	jailCgroupDir = "/sys/fs/cgroup/jail"
 )
 
-// rootState is the mounted root.
-type rootState struct {
-	cgroupID uint64
-}
-
 // diskBySerial returns the device of the virtio disk with serial s.
 func diskBySerial(s string) (string, error) {
 	ents, _ := os.ReadDir("/sys/block")
@@ -52,39 +47,39 @@ func mount(src, dst, typ string, flags uintptr, data string) error {
 }
 
 // mountRoot mounts the jail's root and switches into it.
-func mountRoot(b *vmproto.Boot) (*rootState, error) {
+func mountRoot(b *vmproto.Boot) error {
 	lower, err := diskBySerial(vmproto.DiskLower)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	upper, err := diskBySerial(vmproto.DiskUpper)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := mount(lower, lowerDir, "erofs", unix.MS_RDONLY, ""); err != nil {
-		return nil, err
+		return err
 	}
 	// The jail's disk from the daemon's storage pool: XFS, every disk a
 	// copy of one template (hence nouuid).
 	if err := mount(upper, diskDir, "xfs", unix.MS_NOATIME, "nouuid"); err != nil {
-		return nil, err
+		return err
 	}
 	for _, d := range []string{"upper", "work"} {
 		if err := os.MkdirAll(filepath.Join(diskDir, d), 0o755); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lowerDir, diskDir, diskDir)
 	if err := mount("overlay", newRoot, "overlay", 0, opts); err != nil {
-		return nil, err
+		return err
 	}
 	if b.Usr {
 		usr, err := diskBySerial(vmproto.DiskUsr)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := mount(usr, newRoot+"/usr", "erofs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for _, m := range []struct {
@@ -103,36 +98,36 @@ func mountRoot(b *vmproto.Boot) (*rootState, error) {
 		{"tmpfs", "/.agentjail", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=700"},
 	} {
 		if err := mount(m.src, newRoot+m.dst, m.typ, m.flags, m.data); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	_ = os.Remove(newRoot + "/dev/ptmx")
 	if err := os.Symlink("pts/ptmx", newRoot+"/dev/ptmx"); err != nil {
-		return nil, fmt.Errorf("/dev/ptmx: %w", err)
+		return fmt.Errorf("/dev/ptmx: %w", err)
 	}
 	if err := os.MkdirAll(newRoot+initproto.ControlDir, 0o700); err != nil {
-		return nil, err
+		return err
 	}
 	// switch_root: the new root becomes / for init and everything after.
 	if err := unix.Chdir(newRoot); err != nil {
-		return nil, err
+		return err
 	}
 	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
-		return nil, fmt.Errorf("move the root: %w", err)
+		return fmt.Errorf("move the root: %w", err)
 	}
 	if err := unix.Chroot("."); err != nil {
-		return nil, fmt.Errorf("chroot: %w", err)
+		return fmt.Errorf("chroot: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
-		return nil, err
+		return err
 	}
-	return &rootState{}, nil
+	return nil
 }
 
 // jailCgroup makes the cgroup of the jail's processes (init included,
 // so everything it starts is there, as in a container's cgroup), with
-// the jail's limits, and records its id.
-func (r *rootState) jailCgroup(pidsLimit int64, l vmproto.Limits) error {
+// the jail's limits.
+func jailCgroup(pidsLimit int64, l vmproto.Limits) error {
 	if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte("+pids +memory +cpu"), 0); err != nil {
 		return fmt.Errorf("cgroup controllers: %w", err)
 	}
@@ -163,11 +158,6 @@ func (r *rootState) jailCgroup(pidsLimit int64, l vmproto.Limits) error {
 	if err := os.WriteFile(jailCgroupDir+"/cgroup.procs", []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
 		return fmt.Errorf("join the jail's cgroup: %w", err)
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(jailCgroupDir, &st); err != nil {
-		return err
-	}
-	r.cgroupID = st.Ino
 	return nil
 }
 
