@@ -2,13 +2,12 @@
 // own binary, started from the initramfs the daemon builds (`agentjail
 // vminit`). It loads the virtio modules, opens the control port
 // (vmproto.PortName) and serves the daemon over it: on Boot it mounts the
-// jail's root (a read-only erofs tree, a writable ext4 layer, overlayfs,
-// and the host's /usr read-only for host-rootfs jails), configures the
-// network, clock and host name, switches into the root and runs the same
-// init as every other level (internal/initd) on the port's streams; it
-// reports what the jail's processes do from inside (the tracer of
-// internal/observe/bpf on the guest kernel), answers usage queries, and
-// powers the machine off when init ends.
+// jail's root (a read-only erofs tree, the jail's disk as writable
+// layer, overlayfs, and the host's /usr read-only for host-rootfs jails),
+// configures the network, clock and host name, switches into the root and
+// runs the same init as every other level (internal/initd) on the port's
+// streams; it answers usage queries and powers the machine off when init
+// ends.
 package guest
 
 import (
