@@ -100,8 +100,10 @@ type Backend struct {
 	images *images
 	net    *hostjail.Network
 
-	// usr is the image of the host's /usr as the daemon found it when it
-	// started, once usrDone is closed (usrErr when it could not be made).
+	// usr is the image of the host's /usr as the daemon found it when
+	// its first host-rootfs vm jail was made, once usrDone is closed
+	// (usrErr when it could not be made); usrOnce starts making it.
+	usrOnce sync.Once
 	usrDone chan struct{}
 	usr     string
 	usrErr  error
@@ -174,17 +176,22 @@ func New(opts Options) (*Backend, error) {
 	if b.opts.Images == nil {
 		b.caps.RootfsKinds = b.caps.RootfsKinds[:2]
 	}
-	// The host's /usr image, which host-rootfs jails need, is read (and
-	// built, the first time: a minute) once per daemon, from now on.
 	b.usrDone = make(chan struct{})
-	go func() {
-		defer close(b.usrDone)
-		b.usr, b.usrErr = b.images.erofs(context.Background(), "usr", "/usr")
-		if b.usrErr != nil && b.opts.Log != nil {
-			b.opts.Log.Warn("vm level: the image of the host's /usr", "err", b.usrErr)
-		}
-	}()
 	return b, nil
+}
+
+// makeUsr starts reading (and, the first time on this host, building:
+// about a minute) the image of the host's /usr, once per daemon.
+func (b *Backend) makeUsr() {
+	b.usrOnce.Do(func() {
+		go func() {
+			defer close(b.usrDone)
+			b.usr, b.usrErr = b.images.erofs(context.Background(), "usr", "/usr")
+			if b.usrErr != nil {
+				b.opts.Log.Warn("vm level: the image of the host's /usr", "err", b.usrErr)
+			}
+		}()
+	})
 }
 
 // Capabilities implements backend.Backend.
@@ -262,9 +269,12 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 			}
 		}
 	}()
-	lower, _, err := b.lower(inst)
+	lower, hostUsr, err := b.lower(inst)
 	if err != nil {
 		return err
+	}
+	if hostUsr {
+		b.makeUsr()
 	}
 	user := inst.Config.Isolation.Process.User
 	if _, err := strconv.Atoi(user); err != nil {
@@ -375,6 +385,7 @@ func (b *Backend) machine(ctx context.Context, inst backend.Instance) (machineSp
 		return machineSpec{}, err
 	}
 	if hostUsr {
+		b.makeUsr()
 		select {
 		case <-b.usrDone:
 		case <-ctx.Done():
@@ -392,13 +403,13 @@ func (b *Backend) machine(ctx context.Context, inst backend.Instance) (machineSp
 // boots its machine and hands the guest the jail's configuration.
 func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Status, error) {
 	p := b.paths(inst)
-	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
-	defer cancel()
 	t0 := time.Now()
 	spec, err := b.machine(ctx, inst)
 	if err != nil {
 		return backend.Status{}, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
 	if !netns.Exists(p.netns) {
 		if err := netns.Create(p.netns); err != nil {
 			return backend.Status{}, fmt.Errorf("network namespace: %w", err)
