@@ -20,6 +20,13 @@ import (
 // or `runc checkpoint` carry on without it. Such strays are found by their
 // command line (the runtime's state directory and the container id) and
 // by their parent not being this process.
+//
+// Reading a process's command line takes its memory map lock, which a
+// jail's processes can hold for long stretches (a fork bomb holds it on
+// every fork: 38 s to read them all was measured beside one), so only
+// processes that can be the runtime's are read: those in this process's
+// pid namespace and owned by its user. A jail's processes are in a pid
+// namespace of their own, or run as a user of the jail's own.
 
 // Strays returns the pids of runtime processes acting on container id (for
 // verb, when not "") that this process did not start.
@@ -29,10 +36,15 @@ func (r *Runtime) Strays(id, verb string) []int {
 		return nil
 	}
 	self := os.Getpid()
+	pidns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return nil
+	}
+	uid := uint32(os.Geteuid())
 	var out []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self {
+		if err != nil || pid == self || !mayBeOurs(e.Name(), pidns, uid) {
 			continue
 		}
 		raw, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
@@ -49,6 +61,17 @@ func (r *Runtime) Strays(id, verb string) []int {
 		out = append(out, pid)
 	}
 	return out
+}
+
+// mayBeOurs reports whether process pid is in pid namespace pidns and
+// owned by uid: the checks that do not take its memory map lock.
+func mayBeOurs(pid, pidns string, uid uint32) bool {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/"+pid, &st); err != nil || st.Uid != uid {
+		return false
+	}
+	ns, err := os.Readlink("/proc/" + pid + "/ns/pid")
+	return err == nil && ns == pidns
 }
 
 // ownsArgs reports whether a command line is this Runtime's: it names the
