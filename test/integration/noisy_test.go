@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,10 @@ time.sleep(3600)' >/dev/null 2>&1 </dev/null; done`,
 		func(s *jailStats) bool { return s.Pids >= 24 }},
 }
 
+// noisyDestroyBound bounds the destroy of a noisy jail (typically well
+// under a second; reading a fork bomb's command lines made it 38 s).
+const noisyDestroyBound = 10 * time.Second
+
 // execLatencies runs `true` n times in the jail and returns the round
 // trips, sorted.
 func execLatencies(t *testing.T, d *daemon, id string, n int) []time.Duration {
@@ -59,6 +64,28 @@ func execLatencies(t *testing.T, d *daemon, id string, n int) []time.Duration {
 	return out
 }
 
+func sum(ds []time.Duration) (s time.Duration) {
+	for _, d := range ds {
+		s += d
+	}
+	return s
+}
+
+// procCPU is the CPU time (user + system) process pid has used.
+func procCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pid (comm) state ppid ... utime(14) stime(15), counted from the ')'
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
 func p99(sorted []time.Duration) time.Duration { return sorted[len(sorted)*99/100] }
 
 // TestNoisyNeighbour measures a jail's exec round trip (p99 of 300 runs of
@@ -75,7 +102,9 @@ func TestNoisyNeighbour(t *testing.T) {
 	victim := d.createJail(t, nil)
 	const n = 300
 	execLatencies(t, d, victim.ID, 20) // warm the path
+	cpu0 := procCPU(t, d.pid)
 	quiet := execLatencies(t, d, victim.ID, n)
+	quietTook, quietCPU := sum(quiet), procCPU(t, d.pid)-cpu0
 
 	var noisyIDs []string
 	for k, nb := range noisyNeighbours {
@@ -108,11 +137,40 @@ func TestNoisyNeighbour(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	cpu0 = procCPU(t, d.pid)
 	noisy := execLatencies(t, d, victim.ID, n)
+	noisyTook, noisyCPU := sum(noisy), procCPU(t, d.pid)-cpu0
 	t.Logf("neighbours: %s", strings.Join(stats(), "; "))
+	t.Logf("daemon CPU while measuring: quiet %v in %v (%.0f%%), noisy %v in %v (%.0f%%)",
+		quietCPU, quietTook.Round(time.Millisecond), 100*quietCPU.Seconds()/quietTook.Seconds(),
+		noisyCPU, noisyTook.Round(time.Millisecond), 100*noisyCPU.Seconds()/noisyTook.Seconds())
+	for i, id := range noisyIDs {
+		if id == victim.ID {
+			continue
+		}
+		var rep struct {
+			Events map[string]uint64 `json:"events"`
+			Lost   map[string]uint64 `json:"lost"`
+		}
+		d.api.want(t, http.StatusOK, "GET", "/jails/"+id+"/report", nil, &rep)
+		t.Logf("%s: events %v, lost %v", noisyNeighbours[i].name, rep.Events, rep.Lost)
+	}
 	t.Logf("exec true: quiet median %v p99 %v; noisy median %v p99 %v (%.2f×)",
 		quiet[n/2], p99(quiet), noisy[n/2], p99(noisy), float64(p99(noisy))/float64(p99(quiet)))
 	if p99(noisy) > 2*p99(quiet) {
 		t.Errorf("exec p99 with noisy neighbours %v is more than twice the quiet %v", p99(noisy), p99(quiet))
+	}
+	// Each noisy jail is destroyed promptly, its noise still going.
+	for i, id := range noisyIDs {
+		if id == victim.ID {
+			continue
+		}
+		start := time.Now()
+		d.api.want(t, http.StatusNoContent, "DELETE", "/jails/"+id, nil, nil)
+		took := time.Since(start)
+		t.Logf("%s: destroyed in %v", noisyNeighbours[i].name, took.Round(time.Millisecond))
+		if took > noisyDestroyBound {
+			t.Errorf("destroying the %s jail took %v, more than %v", noisyNeighbours[i].name, took, noisyDestroyBound)
+		}
 	}
 }
