@@ -60,6 +60,18 @@ type machineSpec struct {
 
 func (s machineSpec) path(name string) string { return filepath.Join(s.dir, name) }
 
+// tcgCacheMiB bounds TCG's cache of translated code (QEMU's default is a
+// gigabyte per machine, which a busy guest fills over time).
+const tcgCacheMiB = 128
+
+// accelOpts is the -accel option.
+func (s machineSpec) accelOpts() string {
+	if s.accel == "tcg" {
+		return "tcg,tb-size=" + strconv.Itoa(tcgCacheMiB)
+	}
+	return s.accel
+}
+
 // args is QEMU's command line (after the binary).
 func (s machineSpec) args() []string {
 	cmdline := []string{
@@ -77,7 +89,7 @@ func (s machineSpec) args() []string {
 	}
 	a := []string{
 		"-M", "microvm,x-option-roms=off,pit=off,pic=off,rtc=off,isa-serial=on",
-		"-accel", s.accel,
+		"-accel", s.accelOpts(),
 		"-cpu", "max",
 		"-smp", strconv.Itoa(s.cpus),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",

@@ -50,7 +50,7 @@ func TestMachineArgs(t *testing.T) {
 	if !strings.HasSuffix(cmdline, " -- vminit") {
 		t.Errorf("kernel command line %q does not end with init's arguments", cmdline)
 	}
-	if value("-accel") != "tcg" || value("-smp") != "2" || value("-m") != "704M" {
+	if value("-accel") != "tcg,tb-size=128" || value("-smp") != "2" || value("-m") != "704M" {
 		t.Errorf("machine: %q", joined)
 	}
 	for _, d := range []string{"lower", "usr", "upper"} {
