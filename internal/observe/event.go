@@ -157,7 +157,7 @@ type Event struct {
 	CoreDumped    bool
 	Thread        bool  // fork: a thread of the caller; exit: a thread (not the last one)
 	SharedFiles   bool  // fork: shares the caller's descriptor table
-	CallerTID     int32 // fork: host tid of the thread that called clone; exec: host tid before exec
+	CallerTID     int32 // fork: host tid (or, when HostTID is 0, jail tid) of the thread that called clone; exec: that tid before exec
 
 	// lost, notice, jail
 	Lost    uint64 // lost: events dropped; notice: events skipped

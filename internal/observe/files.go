@@ -183,7 +183,7 @@ type task struct {
 // goroutine.
 type FileTracker struct {
 	emit  func(*Event)
-	tasks map[int32]*task // by host tid
+	tasks map[int32]*task // by taskKey
 	ev    Event
 }
 
@@ -193,14 +193,25 @@ func NewFileTracker(emit func(*Event)) *FileTracker {
 	return &FileTracker{emit: emit, tasks: make(map[int32]*task)}
 }
 
+// taskKey is the id the tracker keeps ev's thread under: its host tid, or
+// for a source whose threads are not host threads (HostTID 0: a
+// user-space kernel) its tid in the jail. Event.CallerTID is in the same
+// space.
+func taskKey(ev *Event) int32 {
+	if ev.HostTID != 0 {
+		return ev.HostTID
+	}
+	return ev.TID
+}
+
 // Tasks returns the number of threads the tracker holds state for.
 func (ft *FileTracker) Tasks() int { return len(ft.tasks) }
 
 func (ft *FileTracker) task(ev *Event) *task {
-	t := ft.tasks[ev.HostTID]
+	t := ft.tasks[taskKey(ev)]
 	if t == nil {
 		t = &task{files: &fdTable{users: 1, fds: make(map[int32]fdEntry)}}
-		ft.tasks[ev.HostTID] = t
+		ft.tasks[taskKey(ev)] = t
 	}
 	t.pid, t.hpid, t.comm = ev.PID, ev.HostPID, ev.Comm
 	return t
@@ -233,20 +244,20 @@ func (ft *FileTracker) handleProc(ev *Event) {
 			child.files = parent.files.clone()
 			child.cwd = parent.cwd
 		}
-		if old := ft.tasks[ev.HostTID]; old != nil {
+		if old := ft.tasks[taskKey(ev)]; old != nil {
 			ft.release(old, ev)
 		}
-		ft.tasks[ev.HostTID] = child
+		ft.tasks[taskKey(ev)] = child
 	case "exec":
 		t := ft.tasks[ev.CallerTID]
 		if t == nil {
 			t = &task{files: &fdTable{users: 1, fds: make(map[int32]fdEntry)}}
 		}
 		delete(ft.tasks, ev.CallerTID)
-		if old := ft.tasks[ev.HostTID]; old != nil && old != t {
+		if old := ft.tasks[taskKey(ev)]; old != nil && old != t {
 			ft.release(old, ev)
 		}
-		ft.tasks[ev.HostTID] = t
+		ft.tasks[taskKey(ev)] = t
 		t.pid, t.hpid, t.comm = ev.PID, ev.HostPID, ev.Comm
 		t.cwd = ev.Cwd
 		if t.files.users > 1 { // exec unshares the table
@@ -260,8 +271,8 @@ func (ft *FileTracker) handleProc(ev *Event) {
 			}
 		}
 	case "exit":
-		if t := ft.tasks[ev.HostTID]; t != nil {
-			delete(ft.tasks, ev.HostTID)
+		if t := ft.tasks[taskKey(ev)]; t != nil {
+			delete(ft.tasks, taskKey(ev))
 			ft.release(t, ev)
 		}
 	}

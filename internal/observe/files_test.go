@@ -11,6 +11,9 @@ type script struct {
 	ft  *FileTracker
 	out []string
 	ts  int64
+	// hostless sends events without host ids, as a source whose threads
+	// are not host threads does.
+	hostless bool
 }
 
 func newScript() *script {
@@ -37,6 +40,9 @@ func (s *script) sys(tid int32, name string, ret int64, path string, args ...uin
 	nr, _ := SyscallNumber(name)
 	ev := Event{Type: TypeSyscall, HostPID: tid, HostTID: tid, PID: tid, TID: tid, NR: int32(nr), Ret: ret, Path: path}
 	copy(ev.Args[:], args)
+	if s.hostless {
+		ev.HostPID, ev.HostTID = 0, 0
+	}
 	s.ts++
 	ev.TS = s.ts
 	s.ft.Handle(&ev)
@@ -44,6 +50,9 @@ func (s *script) sys(tid int32, name string, ret int64, path string, args ...uin
 
 func (s *script) proc(op string, caller, tid int32, mods func(*Event)) {
 	ev := Event{Type: TypeProc, Op: op, CallerTID: caller, HostPID: tid, HostTID: tid, PID: tid, TID: tid}
+	if s.hostless {
+		ev.HostPID, ev.HostTID = 0, 0
+	}
 	if mods != nil {
 		mods(&ev)
 	}
@@ -79,6 +88,28 @@ func TestFileTrackerOpenReadWriteDup(t *testing.T) {
 	s.sys(10, "open", -2, "/nope", 0)
 	if got := s.take(); got != "mkdir /work/d; rename /work/a; rmdir /tmp/y" {
 		t.Fatalf("path ops: %q", got)
+	}
+}
+
+// TestFileTrackerHostless: events without host ids (a user-space kernel's)
+// are tracked per jail thread: a child's table is its own.
+func TestFileTrackerHostless(t *testing.T) {
+	s := newScript()
+	s.hostless = true
+	s.proc("exec", 1, 1, func(e *Event) { e.Cwd = "/w" })
+	s.sys(1, "openat", 3, "f", atFDCWDArg, 0, oWronly|oCreat)
+	s.proc("fork", 1, 2, nil)
+	s.sys(2, "write", 7, "", 3)
+	s.sys(2, "close", 0, "", 3)
+	if got := s.take(); got != "open /w/f" {
+		t.Fatalf("the child's close while the parent holds the file: %q", got)
+	}
+	s.proc("exit", 0, 1, nil)
+	if got := s.take(); got != "write /w/f 7; close /w/f" {
+		t.Fatalf("the parent's exit: %q", got)
+	}
+	if n := s.ft.Tasks(); n != 1 {
+		t.Errorf("%d tasks tracked, want the child only", n)
 	}
 }
 
