@@ -2,8 +2,6 @@ package bpf
 
 import (
 	"encoding/binary"
-	"net/netip"
-	"strconv"
 	"strings"
 	"unsafe"
 
@@ -95,7 +93,7 @@ func (d *decoder) decode(raw []byte, monoOff int64, st *watchState) bool {
 		if e.Len0 > 0 && len(raw) >= sysEvSize+strMax {
 			s0 := raw[sysEvSize : sysEvSize+min(int(e.Len0), strMax)]
 			if specHasSockaddr(argSpecs[int(e.Nr)]) {
-				ev.Addr = sockaddr(s0)
+				ev.Addr = observe.Sockaddr(s0)
 			} else {
 				ev.Path = cstring(s0)
 			}
@@ -221,35 +219,4 @@ func joinCwd(b []byte, truncated bool) string {
 		return "/"
 	}
 	return sb.String()
-}
-
-// sockaddr renders a struct sockaddr: "ip:port", "[ip6]:port", "unix:path"
-// ("unix:@name" for the abstract namespace) or "family:N".
-func sockaddr(b []byte) string {
-	if len(b) < 2 {
-		return ""
-	}
-	family := binary.LittleEndian.Uint16(b)
-	switch family {
-	case 2: // AF_INET
-		if len(b) >= 8 {
-			ip := netip.AddrFrom4([4]byte(b[4:8]))
-			return netip.AddrPortFrom(ip, binary.BigEndian.Uint16(b[2:4])).String()
-		}
-	case 10: // AF_INET6
-		if len(b) >= 24 {
-			ip := netip.AddrFrom16([16]byte(b[8:24]))
-			return netip.AddrPortFrom(ip, binary.BigEndian.Uint16(b[2:4])).String()
-		}
-	case 1: // AF_UNIX
-		p := b[2:]
-		if len(p) == 0 {
-			return "unix:"
-		}
-		if p[0] == 0 {
-			return "unix:@" + cstring(p[1:])
-		}
-		return "unix:" + cstring(p)
-	}
-	return "family:" + strconv.Itoa(int(family))
 }
