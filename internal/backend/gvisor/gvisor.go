@@ -77,6 +77,7 @@ type Backend struct {
 
 var (
 	_ backend.Backend      = (*Backend)(nil)
+	_ backend.EventSource  = (*Backend)(nil)
 	_ backend.Layered      = (*Backend)(nil)
 	_ backend.Checkpointer = (*Backend)(nil)
 )
@@ -118,6 +119,7 @@ func New(h backend.Host, path string) (*Backend, error) {
 		// the other levels enforce.
 		Limits:     []string{model.LimitPids, model.LimitCPU, model.LimitDisk},
 		PTY:        true,
+		Observers:  []string{model.ObserverBackend},
 		Users:      true,
 		FSSnapshot: true,
 		Guarantees: "the container level's bundle (its own namespaces, overlay root on a disk of its own, cgroup limits, " +

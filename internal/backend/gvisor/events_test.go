@@ -1,0 +1,148 @@
+package gvisor
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
+
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/observe"
+)
+
+// collect is a sink that keeps copies of what it is handed.
+type collect struct{ evs []observe.Event }
+
+func (c *collect) Handle(ev *observe.Event) { c.evs = append(c.evs, *ev) }
+func (c *collect) Idle()                    {}
+
+func feed(t *testing.T, r *reader, typ pb.MessageType, m proto.Message) {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.message(typ, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ctxData(pid, tid int32, comm string) *pb.ContextData {
+	return &pb.ContextData{TimeNs: 1, ThreadGroupId: pid, ThreadId: tid, ProcessName: comm}
+}
+
+// TestReaderMapsPoints: the sentry's points become the events the kernel
+// tracer would have recorded, with the jail's own plumbing (init's
+// children until they execute the command) left out of the syscalls.
+func TestReaderMapsPoints(t *testing.T) {
+	c := &collect{}
+	r := &reader{sink: c, internal: map[int32]bool{unix.SYS_CLOSE: true}, plumbing: map[int32]bool{}}
+	// init (1) starts a shim (5), which starts the command (6).
+	feed(t, r, pb.MessageType_MESSAGE_SENTRY_CLONE, &pb.CloneInfo{ContextData: ctxData(1, 1, "agentjail"), CreatedThreadId: 5, CreatedThreadGroupId: 5})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(5, 5, "agentjail"), Sysno: unix.SYS_GETPID, Exit: &pb.Exit{Result: 5}})
+	feed(t, r, pb.MessageType_MESSAGE_SENTRY_CLONE, &pb.CloneInfo{ContextData: ctxData(5, 5, "agentjail"), CreatedThreadId: 6, CreatedThreadGroupId: 6})
+	feed(t, r, pb.MessageType_MESSAGE_SENTRY_EXEC, &pb.ExecveInfo{
+		ContextData: &pb.ContextData{ThreadGroupId: 6, ThreadId: 6, ProcessName: "cat", ParentThreadGroupId: 5, Cwd: "/w",
+			Credentials: &pb.Credentials{EffectiveUid: 1000, EffectiveGid: 1000}},
+		BinaryPath: "/usr/bin/cat", Argv: []string{"cat", "f"},
+	})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_OPEN, &pb.Open{ContextData: ctxData(6, 6, "cat"), Sysno: unix.SYS_OPENAT,
+		Fd: unix.AT_FDCWD, Pathname: "f", Flags: unix.O_RDONLY, Exit: &pb.Exit{Result: 3}})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(6, 6, "cat"), Sysno: unix.SYS_READ,
+		Arg1: 3, Exit: &pb.Exit{Result: -1, Errorno: int64(unix.EINTR)}})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(6, 6, "cat"), Sysno: unix.SYS_CLOSE, Arg1: 3})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_CONNECT, &pb.Connect{ContextData: ctxData(6, 6, "cat"), Sysno: unix.SYS_CONNECT,
+		Fd: 4, Address: []byte{2, 0, 0, 80, 10, 0, 0, 1}})
+	feed(t, r, pb.MessageType_MESSAGE_SENTRY_TASK_EXIT, &pb.TaskExit{ContextData: ctxData(6, 6, "cat")})
+	feed(t, r, pb.MessageType_MESSAGE_SENTRY_EXIT_NOTIFY_PARENT, &pb.ExitNotifyParentInfo{ContextData: ctxData(6, 6, "cat"), ExitStatus: 2 << 8})
+
+	var got []string
+	for _, e := range c.evs {
+		s := e.Type.String() + " " + e.Op + " " + e.Comm
+		if e.Type == observe.TypeSyscall {
+			s += " " + e.Name()
+		}
+		if e.Flags&observe.FlagInternal != 0 {
+			s += " internal"
+		}
+		got = append(got, s)
+	}
+	want := []string{
+		"proc fork agentjail",
+		// the shim's getpid is plumbing: left out
+		"proc fork agentjail",
+		"proc exec cat",
+		"syscall  cat openat",
+		"syscall  cat read",
+		"syscall  cat close internal",
+		"syscall  cat connect",
+		"proc exit cat internal",
+		"proc exit cat",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events:\n%q\nwant\n%q", got, want)
+	}
+	fork, exec, open, read, conn, exit := c.evs[1], c.evs[2], c.evs[3], c.evs[4], c.evs[6], c.evs[8]
+	if fork.PID != 6 || fork.PPID != 5 || fork.CallerTID != 5 || fork.HostPID != 0 {
+		t.Errorf("fork: %+v", fork)
+	}
+	if exec.Exe != "/usr/bin/cat" || exec.Cwd != "/w" || exec.UID != 1000 || !slices.Equal(exec.Argv, []string{"cat", "f"}) {
+		t.Errorf("exec: %+v", exec)
+	}
+	if open.Path != "f" || int32(open.Args[0]) != unix.AT_FDCWD || open.Ret != 3 {
+		t.Errorf("openat: %+v", open)
+	}
+	if read.Ret != -int64(unix.EINTR) || read.Args[0] != 3 {
+		t.Errorf("read: %+v", read)
+	}
+	if conn.Addr != "10.0.0.1:80" {
+		t.Errorf("connect: %+v", conn)
+	}
+	if exit.ExitCode != 2 || exit.Signal != 0 || exit.Thread {
+		t.Errorf("exit: %+v", exit)
+	}
+}
+
+// TestTracedSyscalls: no-syscalls traces only what the file tracker needs,
+// as internal; include and exclude pick the recorded syscalls.
+func TestTracedSyscalls(t *testing.T) {
+	nrs, internal, err := tracedSyscalls(config.Tracing{Mode: config.TraceNoSyscalls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nrs) != len(internal) || !internal[unix.SYS_OPENAT] {
+		t.Errorf("no-syscalls: %d traced, %d internal", len(nrs), len(internal))
+	}
+	nrs, internal, err = tracedSyscalls(config.Tracing{Include: []string{"getpid", "openat"}, Exclude: []string{"openat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(nrs, unix.SYS_GETPID) || internal[unix.SYS_GETPID] || !internal[unix.SYS_OPENAT] {
+		t.Errorf("include getpid, exclude openat: internal %v", internal)
+	}
+	if _, _, err := tracedSyscalls(config.Tracing{Include: []string{"nope"}}); err == nil {
+		t.Error("an unknown syscall name was accepted")
+	}
+	conf, err := sessionConfig("/x.sock", []int{unix.SYS_OPENAT, unix.SYS_GETPID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Points []struct{ Name string }
+	}
+	if err := json.Unmarshal(conf, &s); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range s.Points {
+		names = append(names, p.Name)
+	}
+	for _, want := range []string{"syscall/openat/exit", "syscall/sysno/39/exit", "sentry/execve"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("session points %v lack %s", names, want)
+		}
+	}
+}
