@@ -45,8 +45,9 @@ var schematized = map[int]string{
 // for (pkg/sentry/seccheck/metadata_amd64.go).
 const lastRawSyscall = 441
 
-// sessionName names the daemon's trace session in each sandbox.
-const sessionName = "agentjail"
+// sessionName names the trace session in each sandbox (the sentry has one,
+// named "Default").
+const sessionName = "Default"
 
 // maxMessage bounds one message from the sentry; a longer one (an execve
 // with a huge argv) is counted lost.
