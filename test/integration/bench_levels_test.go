@@ -39,8 +39,18 @@ var levelsOnce = struct {
 	// Raw runc's `run` of an equivalent bundle and `exec` in a jail's
 	// container, and dd on the bare host: the references.
 	runcRun, runcExec, hostDD time.Duration
-	err                       error
+	// runsc runs the reference bundle directly (`runsc run`: echo, and
+	// dd bs=1 as dd itself times it), the one the gvisor level uses
+	// against Debian's: taken when the gvisor level is offered.
+	runsc *runscFigures
+	err   error
 }{}
+
+// runscFigures compares two runsc binaries on the reference bundle.
+type runscFigures struct {
+	run, debianRun, dd, debianDD time.Duration
+	debianPlatform               string
+}
 
 // BenchmarkLevels measures every isolation level the daemon offers, side
 // by side: create → first exec (against raw `runc run` for the container
@@ -74,6 +84,13 @@ func BenchmarkLevels(b *testing.B) {
 			reportOne(b, f.dd, lo.hostDD)
 			b.ReportMetric(float64(f.dd.Nanoseconds())/(2*levelDDBytes), "ns/syscall")
 		})
+		if r := lo.runsc; level == "gvisor" && r != nil {
+			b.Run("runsc-run-vs-debian/gvisor", func(b *testing.B) { reportOne(b, r.run, r.debianRun) })
+			b.Run("runsc-dd-bs1-vs-debian/gvisor", func(b *testing.B) {
+				reportOne(b, r.dd, r.debianDD)
+				b.ReportMetric(float64(r.dd.Nanoseconds())/(2*levelDDBytes), "ns/syscall")
+			})
+		}
 		if level != "none" {
 			b.Run("idle-memory/"+level, func(b *testing.B) {
 				b.ReportMetric(f.initPrivate, "init-private-MiB")
@@ -144,7 +161,83 @@ func measureLevels(b *testing.B) error {
 		dds = append(dds, time.Since(start))
 	}
 	levelsOnce.hostDD = median(dds)
+	if _, ok := levelsOnce.figures["gvisor"]; ok {
+		r, err := measureRunsc(b)
+		if err != nil {
+			return err
+		}
+		levelsOnce.runsc = r
+	}
 	return nil
+}
+
+// debianRunsc is Debian's runsc package (bookworm: 0.0~20221219, older
+// than the systrap platform, so it runs on ptrace, its default).
+const debianRunsc = "/usr/bin/runsc"
+
+// measureRunsc runs the reference bundle with the gvisor level's runsc
+// (systrap) and with Debian's: `echo hi` start to end, and `dd bs=1` as
+// dd reports its own copy time.
+func measureRunsc(b *testing.B) (*runscFigures, error) {
+	echo := newRefBundle(b, []string{"echo", "hi"})
+	dd := newRefBundle(b, []string{"dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=" + strconv.Itoa(levelDDBytes)})
+	r := &runscFigures{debianPlatform: "ptrace"}
+	for _, c := range []struct {
+		bin, platform string
+		run, dd       *time.Duration
+	}{
+		{"/usr/local/sbin/runsc", "systrap", &r.run, &r.dd},
+		{debianRunsc, r.debianPlatform, &r.debianRun, &r.debianDD},
+	} {
+		var runs, dds []time.Duration
+		for i := range levelCreates {
+			start := time.Now()
+			out, err := runscRun(c.bin, c.platform, echo, i)
+			if err != nil || out != "hi\n" {
+				return nil, fmt.Errorf("%s run: %q %v", c.bin, out, err)
+			}
+			runs = append(runs, time.Since(start))
+		}
+		for i := range 3 {
+			out, err := runscRun(c.bin, c.platform, dd, levelCreates+i)
+			if err != nil {
+				return nil, fmt.Errorf("%s run dd: %v", c.bin, err)
+			}
+			took, err := ddCopyTime(out)
+			if err != nil {
+				return nil, fmt.Errorf("%s run dd: %w", c.bin, err)
+			}
+			dds = append(dds, took)
+		}
+		*c.run, *c.dd = median(runs), median(dds)
+	}
+	return r, nil
+}
+
+// runscRun runs bundle rb to completion with `runsc run` of bin on
+// platform (no network) and returns its stdout and stderr.
+func runscRun(bin, platform string, rb *refBundle, n int) (string, error) {
+	id := fmt.Sprintf("runsc-%d-%d", os.Getpid(), n)
+	out, err := exec.Command(bin, "--root", rb.state, "--platform", platform, "--network", "none",
+		"run", "--bundle", rb.dir, id).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%v: %s", err, out)
+	}
+	return string(out), nil
+}
+
+// ddCopyTime reads the copy time dd reports ("..., 0.123 s, 1.6 MB/s").
+func ddCopyTime(out string) (time.Duration, error) {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Split(line, ", ")
+		if len(f) >= 3 && strings.HasSuffix(f[len(f)-2], " s") {
+			sec, err := strconv.ParseFloat(strings.TrimSuffix(f[len(f)-2], " s"), 64)
+			if err == nil {
+				return time.Duration(sec * float64(time.Second)), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no copy time in dd's output %q", out)
 }
 
 // levelSpec is the create body of a jail at level (the none level runs on
