@@ -59,6 +59,10 @@ type Capabilities struct {
 	// Observers are the kinds of observation that can attach to the
 	// level's jails (ObserverKernel, ObserverBackend); empty: none.
 	Observers []string `json:"observers"`
+	// BackendEvents are the event types a backend observer records
+	// ("proc", "file", "syscall", "net"), when Observers has
+	// ObserverBackend (ObserverKernel records them all).
+	BackendEvents []string `json:"backend_events,omitempty"`
 	// Checkpoint is true when a running jail's processes can be
 	// checkpointed and restored (snapshot mode full, restore, branch).
 	Checkpoint bool `json:"checkpoint"`
