@@ -199,7 +199,13 @@ func (s *session) open(ctx context.Context) (*yamux.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("machine control channel: %w", err)
 	}
-	if err := wake(ctx, c); err != nil {
+	// A cancelled ctx ends the wait for the guest.
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	err = wake(ctx, c)
+	if !stop() {
+		err = errors.Join(err, ctx.Err())
+	}
+	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("machine control channel: %w", err)
 	}

@@ -160,15 +160,17 @@ func New(opts Options) (*Backend, error) {
 	accel, why := b.detectAccel()
 	b.accel = accel
 	b.caps = backend.Capabilities{
-		Level:        config.LevelVM,
-		Runtime:      "qemu " + version + " microvm, " + accel + " (" + why + ")",
-		NetworkModes: []string{config.NetIsolated, config.NetNone, config.NetBridge},
-		RootfsKinds:  []string{model.RootfsKindHost, model.RootfsKindDir, model.RootfsKindImage},
-		Limits:       []string{model.LimitMemory, model.LimitPids, model.LimitCPU, model.LimitDisk},
-		PTY:          true,
-		Users:        true,
-		Exposes:      []string{model.ExposesGuestKernel},
-		Checkpoint:   true,
+		Level:         config.LevelVM,
+		Runtime:       "qemu " + version + " microvm, " + accel + " (" + why + ")",
+		NetworkModes:  []string{config.NetIsolated, config.NetNone, config.NetBridge},
+		RootfsKinds:   []string{model.RootfsKindHost, model.RootfsKindDir, model.RootfsKindImage},
+		Limits:        []string{model.LimitMemory, model.LimitPids, model.LimitCPU, model.LimitDisk},
+		PTY:           true,
+		Users:         true,
+		Exposes:       []string{model.ExposesGuestKernel},
+		Observers:     []string{model.ObserverBackend},
+		BackendEvents: []string{"proc"},
+		Checkpoint:    true,
 		Guarantees: "a virtual machine (QEMU microvm) with a kernel of its own: the jail's processes, root included, " +
 			"reach the host only through the machine's virtio devices (its disks, a policed network link and the control port); " +
 			"the jail's own kernel is theirs to change",

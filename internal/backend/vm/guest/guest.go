@@ -65,10 +65,12 @@ type g struct {
 	inR    *io.PipeReader
 	// initConns feeds init's server with the KindInit streams.
 	initConns *chanListener
-	booted    chan struct{}
-	bootOnce  sync.Once
-	mu        sync.Mutex
-	boot      *vmproto.Boot
+	// events are the jail's process events.
+	events   *events
+	booted   chan struct{}
+	bootOnce sync.Once
+	mu       sync.Mutex
+	boot     *vmproto.Boot
 	// initDone is closed when init's server has ended.
 	initDone chan error
 }
@@ -106,7 +108,7 @@ func run() error {
 	}
 	st := &g{
 		port: port, initConns: newChanListener(), booted: make(chan struct{}),
-		initDone: make(chan error, 1),
+		initDone: make(chan error, 1), events: newEvents(),
 	}
 	go st.servePort()
 	<-st.booted
@@ -309,6 +311,8 @@ func (st *g) stream(c net.Conn) {
 	case vmproto.KindResume:
 		var r vmproto.Resume
 		st.request(c, &r, func() error { return st.resume(&r) })
+	case vmproto.KindEvents:
+		st.events.serve(c)
 	case vmproto.KindPark:
 		var req struct{}
 		// Bytes after this request's are the next session's: the daemon
@@ -373,6 +377,11 @@ func (st *g) doBoot(b *vmproto.Boot) error {
 	}
 	if err := jailCgroup(b.PidsLimit, b.Limits); err != nil {
 		return err
+	}
+	// From before init runs, so that every process of the jail is seen.
+	if err := st.events.start(); err != nil {
+		// The jail runs; its record lacks its processes.
+		logger.Printf("process events: %v", err)
 	}
 	if n := b.Limits.Nofile; n > 0 {
 		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {

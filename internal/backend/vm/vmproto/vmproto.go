@@ -16,6 +16,9 @@
 //     new virtual machine: new clock, network and host name; Reply.
 //   - KindHostname: Hostname (JSON line); Reply.
 //   - KindStats: the guest answers Stats (JSON line).
+//   - KindEvents: the guest sends the jail's process events (ProcEvent,
+//     JSON lines) from its boot on, until the daemon closes the stream;
+//     those no stream took yet wait (a bounded number, then counted lost).
 //   - KindPark: an empty JSON object; the guest answers Reply and takes
 //     nothing more from this session: the daemon hangs up, and the
 //     machine may be saved with its guest parked (waiting for WakeLine).
@@ -62,6 +65,7 @@ const (
 	KindStats    byte = 'S'
 	KindShutdown byte = 'X'
 	KindPark     byte = 'P'
+	KindEvents   byte = 'E'
 )
 
 // Boot is what the guest needs to become the jail.
@@ -131,4 +135,27 @@ type Limits struct {
 	CPUQuota    int64  `json:"cpu_quota,omitempty"`
 	CPUPeriod   uint64 `json:"cpu_period,omitempty"`
 	Nofile      uint64 `json:"nofile,omitempty"`
+}
+
+// OpLost is the Op of a ProcEvent that only counts events the guest
+// dropped (Lost).
+const OpLost = "lost"
+
+// ProcEvent is a process of the jail starting (fork), running a program
+// (exec) or ending (exit), as the guest kernel reports it.
+type ProcEvent struct {
+	TS       int64    `json:"ts"`
+	Op       string   `json:"op"`
+	PID      int32    `json:"pid,omitempty"`
+	PPID     int32    `json:"ppid,omitempty"`
+	Thread   bool     `json:"thread,omitempty"`
+	Comm     string   `json:"comm,omitempty"`
+	Exe      string   `json:"exe,omitempty"`
+	Argv     []string `json:"argv,omitempty"`
+	Cwd      string   `json:"cwd,omitempty"`
+	UID      uint32   `json:"uid,omitempty"`
+	GID      uint32   `json:"gid,omitempty"`
+	ExitCode int32    `json:"exit_code,omitempty"`
+	Signal   int32    `json:"signal,omitempty"`
+	Lost     uint64   `json:"lost,omitempty"`
 }
