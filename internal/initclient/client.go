@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -312,7 +313,13 @@ func unexpected(op string, t initproto.MsgType) error {
 
 // call runs a request/answer operation: it sends req as a frame of type
 // t, and decodes the OK answer into out (unless out is nil).
-func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, out any) (err error) {
+func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, out any) error {
+	return c.request(ctx, op, t, req, out, false)
+}
+
+// request is call; with awaitClose it also waits, after the answer, until
+// init has closed its end of the connection.
+func (c *Client) request(ctx context.Context, op string, t initproto.MsgType, req, out any, awaitClose bool) (err error) {
 	ctx, span := tracing.Start(ctx, "init."+op)
 	defer func() { tracing.End(span, err) }()
 	cn, err := c.dial(ctx)
@@ -325,7 +332,17 @@ func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, 
 	if err := initproto.WriteJSON(cn, t, req); err != nil {
 		return ioError(ctx, cn, op, err)
 	}
-	return readAnswer(ctx, cn, op, out)
+	if err := readAnswer(ctx, cn, op, out); err != nil || !awaitClose {
+		return err
+	}
+	switch _, err := cn.r.ReadByte(); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return errdefs.New(errdefs.ErrUnavailable, "%s: init sent more than its answer", op)
+	default:
+		return ioError(ctx, cn, op, err)
+	}
 }
 
 // readAnswer reads an OK (decoded into out) or Error frame.
@@ -381,7 +398,23 @@ func (c *Client) Kill(ctx context.Context, pid int) error {
 // once they have exited, or starts filling it again (idle true). An init
 // that predates the request answers ErrInvalid.
 func (c *Client) SetIdleShims(ctx context.Context, idle bool) error {
-	return c.call(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{Idle: idle}, nil)
+	if !idle {
+		_, err := c.ReadyForCheckpoint(ctx)
+		return err
+	}
+	return c.call(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{Idle: true}, nil)
+}
+
+// ReadyForCheckpoint empties init's pool of idle shims and returns once
+// init has seen every other control connection close and has closed this
+// one, so that none is left open in the jail for a checkpoint to trip on;
+// or, after a short wait, with how many are still open (an attached
+// terminal, a running command's stream). The answer also counts the
+// jail's terminal sessions.
+func (c *Client) ReadyForCheckpoint(ctx context.Context) (initproto.ShimsAnswer, error) {
+	var ans initproto.ShimsAnswer
+	err := c.request(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{}, &ans, true)
+	return ans, err
 }
 
 // List describes the running commands, ordered by pid.

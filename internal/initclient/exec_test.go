@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -524,6 +525,53 @@ func TestIdleShimsDrainAndFill(t *testing.T) {
 	if st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"/bin/echo", "again"}}, nil, &out, nil); err != nil || st.Code != 0 || out.String() != "again\n" {
 		t.Fatalf("exec after refilling: %v %+v %q", err, st, out.String())
 	}
+}
+
+// TestReadyForCheckpointClosesConnections: a connection init accepted is
+// a socket of the daemon's network namespace, which a checkpoint of the
+// jail cannot save. Readying init for a checkpoint (the call made right
+// before one) reports a connection that stays open, and once it has
+// closed, returns with no accepted connection left open in init.
+func TestReadyForCheckpointClosesConnections(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other, err := net.Dial("unix", e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	waitFor(t, 10*time.Second, "init to accept the connection", func() bool { return acceptedConns(t, e.sock) == 1 })
+	if ans, err := e.c.ReadyForCheckpoint(ctx); err != nil || ans.OpenConnections != 1 || ans.Terminals != 0 {
+		t.Fatalf("ready for a checkpoint beside an open connection: %+v, %v; want 1 open", ans, err)
+	}
+	other.Close()
+	if ans, err := e.c.ReadyForCheckpoint(ctx); err != nil || ans.OpenConnections != 0 {
+		t.Fatalf("ready for a checkpoint: %+v, %v; want none open", ans, err)
+	}
+	if n := acceptedConns(t, e.sock); n != 0 {
+		t.Fatalf("init still holds %d accepted connections when it says it is ready for a checkpoint", n)
+	}
+}
+
+// acceptedConns counts the connections init has accepted on its socket
+// and not closed: in /proc/net/unix they carry the listener's path, but
+// not its listening flag.
+func acceptedConns(t *testing.T, sock string) int {
+	t.Helper()
+	data, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		// Num RefCount Protocol Flags Type St Inode Path
+		if len(f) == 8 && f[7] == sock && f[3] != "00010000" {
+			n++
+		}
+	}
+	return n
 }
 
 // shimChildren lists this process's shim children (the test binary

@@ -72,6 +72,7 @@ type Server struct {
 	ended        map[int]endedProc // how recent detached commands and sessions ended
 	listeners    map[net.Listener]struct{}
 	conns        map[net.Conn]struct{}
+	connClosed   chan struct{} // closed (and replaced) whenever a connection ends
 	closing      bool
 	prewarm      sync.Once
 	shutdown     sync.Once
@@ -142,6 +143,7 @@ func NewServer(opts Options) (*Server, error) {
 		ended:        make(map[int]endedProc),
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[net.Conn]struct{}),
+		connClosed:   make(chan struct{}),
 		shutdownDone: make(chan struct{}),
 	}
 	s.shims = &shimPool{
@@ -344,10 +346,12 @@ const requestTimeout = 30 * time.Second
 func (s *Server) handle(nc net.Conn) {
 	defer s.handlers.Done()
 	defer func() {
+		nc.Close()
 		s.mu.Lock()
 		delete(s.conns, nc)
+		close(s.connClosed)
+		s.connClosed = make(chan struct{})
 		s.mu.Unlock()
-		nc.Close()
 	}()
 	// Most connections carry one small request: the reader starts small
 	// (frames larger than it are read into buf directly), and buf grows
@@ -377,6 +381,34 @@ func (s *Server) handle(nc net.Conn) {
 	nc.SetReadDeadline(time.Time{})
 	if err := s.dispatch(c, t, payload); err != nil {
 		_ = c.sendErr(err)
+	}
+}
+
+// quiesceTimeout bounds how long init waits for the daemon's other control
+// connections to close before a checkpoint.
+const quiesceTimeout = 2 * time.Second
+
+// awaitOnlyConn waits until nc is init's only control connection, or
+// timeout; it returns how many others are still open.
+func (s *Server) awaitOnlyConn(self net.Conn, timeout time.Duration) int {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		s.mu.Lock()
+		n := len(s.conns)
+		if _, ok := s.conns[self]; ok {
+			n--
+		}
+		closed := s.connClosed
+		s.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-closed:
+		case <-deadline.C:
+			return n
+		}
 	}
 }
 
@@ -499,6 +531,11 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 			s.shims.fill()
 		} else {
 			s.shims.drain(shimDrainTimeout)
+			ans := initproto.ShimsAnswer{OpenConnections: s.awaitOnlyConn(c.c, quiesceTimeout)}
+			s.mu.Lock()
+			ans.Terminals = len(s.sessions)
+			s.mu.Unlock()
+			return c.sendJSON(initproto.MsgOK, ans)
 		}
 		return c.sendJSON(initproto.MsgOK, nil)
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,

@@ -224,12 +224,26 @@ type KillRequest struct {
 }
 
 // ShimsRequest sets init's pool of idle shims (MsgShims). With Idle false
-// the idle shims exit, and init answers once they have, so that a
-// checkpoint has fewer processes to dump; the pool fills again at the next
+// init readies itself for a checkpoint: the idle shims exit, and init
+// answers once they have (fewer processes to dump) and once every other
+// control connection has closed (a connection init accepted is a socket of
+// the daemon's network namespace, which a checkpoint cannot save) or a
+// short wait has passed, answering a ShimsAnswer; it closes this one right
+// after its answer. The pool fills again at the next
 // command or at a request with Idle true, which starts filling it in the
 // background.
 type ShimsRequest struct {
 	Idle bool `json:"idle"`
+}
+
+// ShimsAnswer is init's answer to a ShimsRequest with Idle false.
+type ShimsAnswer struct {
+	// OpenConnections counts the other control connections still open
+	// when init gave up waiting for them (an attached terminal, a running
+	// command's stream, a file watch): a checkpoint would fail on them.
+	OpenConnections int `json:"open_connections,omitempty"`
+	// Terminals counts the terminal sessions running in the jail.
+	Terminals int `json:"terminals,omitempty"`
 }
 
 // ProcessInfo describes a running command (MsgList).

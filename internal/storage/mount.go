@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -52,6 +54,22 @@ func Unmount(path string) error {
 			return fmt.Errorf("unmount %s: %w", path, err)
 		}
 	}
+}
+
+// UnmountAll unmounts every mount at or below dir, deepest first — what a
+// killed tool (CRIU's cgroup yard, runc's restore root) left mounted there.
+// Idempotent; a dir that does not exist is not an error.
+func UnmountAll(dir string) error {
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return fmt.Errorf("listing mounts below %s: %w", dir, err)
+	}
+	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i].Mountpoint) > len(mounts[j].Mountpoint) })
+	var errs []error
+	for _, m := range mounts {
+		errs = append(errs, Unmount(m.Mountpoint))
+	}
+	return errors.Join(errs...)
 }
 
 // MountOverlay mounts an overlay at merged (created if missing) whose lower

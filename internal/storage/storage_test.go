@@ -511,6 +511,56 @@ func TestUnmountBusyAndIdempotent(t *testing.T) {
 	}
 }
 
+// TestUnmountAll leaves what a killed CRIU leaves — a tmpfs with mounts
+// inside it, one of them busy — and a sibling whose name shares the prefix;
+// UnmountAll clears the tree and only it.
+func TestUnmountAll(t *testing.T) {
+	requireLoop(t)
+	base := t.TempDir()
+	yard := filepath.Join(base, "work", ".yard")
+	sibling := filepath.Join(base, "work2")
+	for _, d := range []string{yard, sibling} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mount := func(dir string) {
+		t.Helper()
+		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { Unmount(dir) })
+	}
+	mount(yard)
+	mount(sibling)
+	inner := []string{filepath.Join(yard, "cpu"), filepath.Join(yard, "memory")}
+	for _, d := range inner {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mount(d)
+	}
+	f, err := os.Create(filepath.Join(inner[0], "busy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := UnmountAll(filepath.Join(base, "work")); err != nil {
+		t.Fatalf("UnmountAll: %v", err)
+	}
+	for _, d := range append(inner, yard) {
+		if ok, err := IsMounted(d); err != nil || ok {
+			t.Errorf("%s still mounted after UnmountAll (%v)", d, err)
+		}
+	}
+	if ok, err := IsMounted(sibling); err != nil || !ok {
+		t.Errorf("UnmountAll of work unmounted its sibling work2 (%v)", err)
+	}
+	if err := UnmountAll(filepath.Join(base, "missing")); err != nil {
+		t.Errorf("UnmountAll of a missing dir: %v", err)
+	}
+}
+
 // benchCreate measures CreateDisk of a default-size (1 GiB) disk; with warm,
 // each iteration first waits (untimed) for the cache to refill.
 func benchCreate(b *testing.B, warm int) {

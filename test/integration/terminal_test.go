@@ -645,3 +645,36 @@ func BenchmarkTerminalThroughput(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// TestSnapshotBesideTerminal: a full snapshot cannot include a terminal
+// session (CRIU cannot restore its controlling tty) nor the daemon's live
+// connection to it, so it is refused with a 409 that says what to do — not
+// a checkpoint error — while the terminal is attached and after it is
+// detached; a snapshot of mode fs is taken meanwhile, and once the
+// session's shell exits, a full snapshot is taken too.
+func TestSnapshotBesideTerminal(t *testing.T) {
+	requireEnv(t)
+	d := shared(t)
+	j := d.createJail(t, nil)
+	term := dialTerm(t, d, j.ID, url.Values{"cmd": {"sh"}}).start()
+	term.send(t, "echo before-$((6*7))\r")
+	term.waitText(t, "before-42")
+	refused := func(what string) {
+		t.Helper()
+		r := d.api.do(t, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{"mode": "full"})
+		if r.status != http.StatusConflict || !strings.Contains(string(r.body), "end the session") {
+			t.Fatalf("full snapshot %s: %s, want 409 saying to end the session", what, r)
+		}
+	}
+	refused("with a terminal attached")
+	d.takeSnapshot(t, j.ID, "fs")
+	term.conn.Close(websocket.StatusNormalClosure, "")
+	<-term.done
+	refused("with a detached terminal session")
+	re := dialTerm(t, d, j.ID, url.Values{"session": {term.session.ID}}).start()
+	re.send(t, "exit 3\r")
+	if code, _ := re.waitExit(t); code != 3 {
+		t.Fatalf("the session's shell: exit %d, want 3", code)
+	}
+	d.takeSnapshot(t, j.ID, "full")
+}

@@ -76,6 +76,9 @@ const (
 	// processesRec names the checkpoint's processes by their pid in the
 	// jail (for restore errors, whose pids are those).
 	processesRec = "processes.json"
+	// restoreWorkDir, in a jail's directory, is CRIU's working directory
+	// while the jail is restored.
+	restoreWorkDir = "criu-restore"
 )
 
 // hookScript is the CRIU action script of a process checkpoint. It acts at
@@ -640,7 +643,7 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 		"AGENTJAIL_RESTORED="+h.restoredPath, "AGENTJAIL_OBSERVED="+h.observedPath)
 	cctx, cancel := context.WithTimeout(cctx, restoreTimeout)
 	defer cancel()
-	work := filepath.Join(p.dir, "criu-restore")
+	work := filepath.Join(p.dir, restoreWorkDir)
 	_, err = rc.Restore(cctx, inst.ID, p.dir, &runc.RestoreOpts{
 		CheckpointOpts: runc.CheckpointOpts{
 			ImagePath: filepath.Join(src.Dir, imagesDir),

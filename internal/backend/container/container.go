@@ -754,7 +754,9 @@ func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
 	p := b.paths(inst)
 	// A daemon killed half-way through making this jail left the runtime
 	// (and CRIU) at work on it: end that first.
-	errs := []error{b.runtime.KillStrays(ctx, inst.ID)}
+	// A restore killed with it leaves CRIU's cgroup yard mounted in its
+	// work directory.
+	errs := []error{b.runtime.KillStrays(ctx, inst.ID), storage.UnmountAll(filepath.Join(p.dir, restoreWorkDir))}
 	_, pid, err := b.runtime.State(ctx, inst.ID)
 	if err == nil {
 		errs = append(errs, b.kill(ctx, inst.ID, pid))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/procstat"
+	"github.com/agentjail/agentjail/internal/storage"
 )
 
 // A daemon killed while it drove the runtime leaves the runtime running:
@@ -101,8 +103,9 @@ func (r *Runtime) WaitStrays(ctx context.Context, id, verb string) []int {
 	}
 }
 
-// KillStrays SIGKILLs the stray runtime processes acting on id and waits
-// (up to 10 s) until they are gone.
+// KillStrays SIGKILLs the stray runtime processes acting on id, waits
+// (up to 10 s) until they are gone, and unmounts what they left mounted in
+// id's state directory (the root a killed restore had bound for CRIU).
 func (r *Runtime) KillStrays(ctx context.Context, id string) error {
 	for _, pid := range r.Strays(id, "") {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
@@ -114,5 +117,5 @@ func (r *Runtime) KillStrays(ctx context.Context, id string) error {
 	if left := r.WaitStrays(wctx, id, ""); len(left) > 0 {
 		return fmt.Errorf("stray runtime processes of %s did not exit after SIGKILL: %v", id, left)
 	}
-	return nil
+	return storage.UnmountAll(filepath.Join(r.rc.Root, id))
 }
