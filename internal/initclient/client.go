@@ -398,11 +398,7 @@ func (c *Client) Kill(ctx context.Context, pid int) error {
 // once they have exited, or starts filling it again (idle true). An init
 // that predates the request answers ErrInvalid.
 func (c *Client) SetIdleShims(ctx context.Context, idle bool) error {
-	if !idle {
-		_, err := c.ReadyForCheckpoint(ctx)
-		return err
-	}
-	return c.call(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{Idle: true}, nil)
+	return c.call(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{Idle: idle}, nil)
 }
 
 // ReadyForCheckpoint empties init's pool of idle shims and returns once
@@ -413,7 +409,7 @@ func (c *Client) SetIdleShims(ctx context.Context, idle bool) error {
 // jail's terminal sessions.
 func (c *Client) ReadyForCheckpoint(ctx context.Context) (initproto.ShimsAnswer, error) {
 	var ans initproto.ShimsAnswer
-	err := c.request(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{}, &ans, true)
+	err := c.request(ctx, "shims", initproto.MsgShims, initproto.ShimsRequest{Checkpoint: true}, &ans, true)
 	return ans, err
 }
 

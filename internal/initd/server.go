@@ -531,11 +531,13 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 			s.shims.fill()
 		} else {
 			s.shims.drain(shimDrainTimeout)
-			ans := initproto.ShimsAnswer{OpenConnections: s.awaitOnlyConn(c.c, quiesceTimeout)}
-			s.mu.Lock()
-			ans.Terminals = len(s.sessions)
-			s.mu.Unlock()
-			return c.sendJSON(initproto.MsgOK, ans)
+			if req.Checkpoint {
+				ans := initproto.ShimsAnswer{OpenConnections: s.awaitOnlyConn(c.c, quiesceTimeout)}
+				s.mu.Lock()
+				ans.Terminals = len(s.sessions)
+				s.mu.Unlock()
+				return c.sendJSON(initproto.MsgOK, ans)
+			}
 		}
 		return c.sendJSON(initproto.MsgOK, nil)
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,

@@ -224,16 +224,20 @@ type KillRequest struct {
 }
 
 // ShimsRequest sets init's pool of idle shims (MsgShims). With Idle false
-// init readies itself for a checkpoint: the idle shims exit, and init
-// answers once they have (fewer processes to dump) and once every other
-// control connection has closed (a connection init accepted is a socket of
-// the daemon's network namespace, which a checkpoint cannot save) or a
-// short wait has passed, answering a ShimsAnswer; it closes this one right
-// after its answer. The pool fills again at the next
+// the idle shims exit, and init answers once they have, so that a
+// checkpoint has fewer processes to dump; the pool fills again at the next
 // command or at a request with Idle true, which starts filling it in the
 // background.
+//
+// With Checkpoint (and Idle false) init readies itself for a checkpoint
+// that saves its sockets (CRIU): it also waits until every other control
+// connection has closed (a connection init accepted is a socket of the
+// daemon's network namespace, which such a checkpoint cannot save) or a
+// short wait has passed, answers a ShimsAnswer, and closes this connection
+// right after its answer.
 type ShimsRequest struct {
-	Idle bool `json:"idle"`
+	Idle       bool `json:"idle"`
+	Checkpoint bool `json:"checkpoint,omitempty"`
 }
 
 // ShimsAnswer is init's answer to a ShimsRequest with Idle false.

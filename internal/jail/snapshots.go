@@ -188,18 +188,8 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 		// next command, as a restored jail's does, rather than right
 		// after the snapshot, where starting the shims (Go processes)
 		// would compete with the restore or branch that usually follows.
-		// The daemon's connections to init are sockets CRIU cannot save:
-		// the ones that ended must be closed on init's side too, and a
-		// live one (a command's stream) refuses the snapshot, as does a
-		// terminal session (CRIU cannot restore its controlling tty).
-		ready, err := m.control(b, inst).ReadyForCheckpoint(ctx)
-		switch {
-		case err != nil:
-			m.log.Warn("readying init for a snapshot", "jail", j.Name, "err", err)
-		case ready.Terminals > 0:
-			return nil, errdefs.Conflictf("jail %s runs %d terminal sessions; a snapshot of its processes cannot include a terminal yet: end the session (exit its shell) first, or take a snapshot of mode fs", j.Name, ready.Terminals)
-		case ready.OpenConnections > 0:
-			return nil, errdefs.Conflictf("jail %s has %d open command streams; a snapshot of its processes cannot save them: wait for the commands, or take a snapshot of mode fs", j.Name, ready.OpenConnections)
+		if err := m.control(b, inst).SetIdleShims(ctx, false); err != nil {
+			m.log.Warn("emptying init's idle shims before a snapshot", "jail", j.Name, "err", err)
 		}
 	}
 	res, err := ck.Checkpoint(ctx, inst, backend.CheckpointOptions{

@@ -253,6 +253,20 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	if !b.caps.Checkpoint {
 		return backend.CheckpointResult{}, errdefs.NotImplementedf("process checkpoints are unavailable: %s (mode fs still works)", b.caps.CheckpointReason)
 	}
+	// The daemon's connections to init are sockets of its own network
+	// namespace, which CRIU cannot save: those of finished calls must be
+	// closed on init's side too, and a live one (a command's stream)
+	// refuses the snapshot, as does a terminal session (CRIU does not
+	// restore its controlling terminal).
+	ready, err := initclient.New(b.InitDialer(inst)).ReadyForCheckpoint(ctx)
+	switch {
+	case err != nil:
+		return backend.CheckpointResult{}, fmt.Errorf("jail %s: readying init for the checkpoint: %w", inst.Name, err)
+	case ready.Terminals > 0:
+		return backend.CheckpointResult{}, errdefs.Conflictf("jail %s runs %d terminal sessions; a snapshot of its processes cannot include a terminal yet: end the session (exit its shell) first, or take a snapshot of mode fs", inst.Name, ready.Terminals)
+	case ready.OpenConnections > 0:
+		return backend.CheckpointResult{}, errdefs.Conflictf("jail %s has %d open command streams; a snapshot of its processes cannot save them: wait for the commands, or take a snapshot of mode fs", inst.Name, ready.OpenConnections)
+	}
 	hook, err := b.hookPath("criu-snapshot-hook.sh", hookScript)
 	if err != nil {
 		return backend.CheckpointResult{}, err
