@@ -74,7 +74,10 @@ func redirect(from, to netlink.Link) error {
 	ingress := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{
 		LinkIndex: from.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS,
 	}}
-	if err := netlink.QdiscReplace(ingress); err != nil {
+	// A fresh qdisc: the filters of an earlier one (to a link made again
+	// since) go with it.
+	_ = netlink.QdiscDel(ingress)
+	if err := netlink.QdiscAdd(ingress); err != nil {
 		return fmt.Errorf("ingress qdisc on %s: %w", from.Attrs().Name, err)
 	}
 	f := &netlink.U32{

@@ -153,7 +153,7 @@ func New(opts Options) (*Backend, error) {
 	b := &Backend{
 		opts:     opts,
 		tscKHz:   tscKHz(),
-		images:   &images{dir: opts.CacheDir, mkfs: mkfs, locks: map[string]*sync.Mutex{}},
+		images:   &images{dir: opts.CacheDir, mkfs: mkfs, locks: map[string]*sync.Mutex{}, sums: map[string]string{}},
 		net:      &hostjail.Network{Net: opts.Net, Log: opts.Log},
 		sessions: map[string]*session{},
 	}
@@ -603,9 +603,10 @@ func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) error {
 	if err != nil || !att.IP.IsValid() {
 		return err
 	}
-	// The jail's link was made again: splice the running machine's tap
-	// to it.
-	return netns.Do(p.netns, func() error {
+	// The jail's link was made again (another MAC, perhaps another
+	// address): splice the running machine's tap to it and tell the guest.
+	var n vmproto.Net
+	err = netns.Do(p.netns, func() error {
 		eth, err := netlinkByName(jailLink)
 		if err != nil {
 			return err
@@ -617,8 +618,18 @@ func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) error {
 		if err := redirect(eth, t); err != nil {
 			return err
 		}
+		n = vmproto.Net{MAC: eth.Attrs().HardwareAddr.String(), Addr: netipPrefix32(att.IP), Gateway: att.Gateway, MTU: eth.Attrs().MTU}
 		return redirect(t, eth)
 	})
+	if err != nil {
+		return err
+	}
+	r := vmproto.Resume{ResolvConf: att.ResolvConf, CAPEM: att.CAPEM, CAPath: att.CAPath, Net: &n}
+	var rep vmproto.Reply
+	if err := b.session(inst).request(ctx, vmproto.KindResume, &r, &rep); err != nil {
+		return fmt.Errorf("jail %s: the guest's network: %w", inst.Name, err)
+	}
+	return nil
 }
 
 // UpdateNetwork implements backend.Backend.

@@ -62,6 +62,13 @@ func configureNet(n *vmproto.Net) error {
 			return fmt.Errorf("mac %s: %w", mac, err)
 		}
 	}
+	// Neighbours learnt on an earlier link (before a restore, or before
+	// the daemon made the link again) are stale.
+	if neighs, err := netlink.NeighList(eth.Attrs().Index, unix.AF_INET); err == nil {
+		for _, nb := range neighs {
+			_ = netlink.NeighDel(&nb)
+		}
+	}
 	if n.MTU > 0 {
 		if err := netlink.LinkSetMTU(eth, n.MTU); err != nil {
 			return fmt.Errorf("mtu: %w", err)
