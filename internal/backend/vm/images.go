@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -13,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cavaliergopher/cpio"
 	"golang.org/x/sys/unix"
@@ -29,8 +29,12 @@ type images struct {
 	mkfs  string
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
+	// sums are file digests by path, size and modification time.
+	sums map[string]string
 }
 
+// lock serialises the building of image name within the daemon, and
+// every build across the host's daemons (one lock file for all).
 func (im *images) lock(name string) func() {
 	im.mu.Lock()
 	l, ok := im.locks[name]
@@ -40,8 +44,7 @@ func (im *images) lock(name string) func() {
 	}
 	im.mu.Unlock()
 	l.Lock()
-	// Other daemons of the host build into the same directory.
-	f, err := os.OpenFile(filepath.Join(im.dir, name+".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	f, err := os.OpenFile(filepath.Join(im.dir, "build.lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err == nil {
 		if unix.Flock(int(f.Fd()), unix.LOCK_EX) != nil {
 			f.Close()
@@ -56,24 +59,30 @@ func (im *images) lock(name string) func() {
 	}
 }
 
+// use returns path when it exists, marking it used now (prune keeps what
+// was used lately).
+func use(path string) bool {
+	now := time.Now()
+	return os.Chtimes(path, now, now) == nil
+}
+
 // initramfs returns the initramfs holding binary as /agentjail and the
 // modules of kernelDir (modules/order lists them in load order).
 func (im *images) initramfs(binary, kernelDir string) (string, error) {
+	// Named after what it holds: every daemon of one binary shares it.
 	h := sha256.New()
-	for _, f := range []string{binary, filepath.Join(kernelDir, "VERSION")} {
-		st, err := os.Stat(f)
-		if err != nil {
+	for _, f := range []string{binary, filepath.Join(kernelDir, "VERSION"), filepath.Join(kernelDir, "modules", "order")} {
+		if err := im.hashFile(h, f); err != nil {
 			return "", fmt.Errorf("guest initramfs: %w", err)
 		}
-		fmt.Fprintf(h, "%s %d %d\n", f, st.Size(), st.ModTime().UnixNano())
 	}
 	name := "initramfs-" + hex.EncodeToString(h.Sum(nil))[:16] + ".cpio"
 	path := filepath.Join(im.dir, name)
-	if _, err := os.Stat(path); err == nil {
+	if use(path) {
 		return path, nil
 	}
 	defer im.lock(name)()
-	if _, err := os.Stat(path); err == nil {
+	if use(path) {
 		return path, nil
 	}
 	order, err := os.ReadFile(filepath.Join(kernelDir, "modules", "order"))
@@ -112,6 +121,38 @@ func (im *images) initramfs(binary, kernelDir string) (string, error) {
 	}
 	im.prune("initramfs-", name)
 	return path, nil
+}
+
+// hashFile adds the content of file f to h; a file's digest is kept
+// while its size and modification time stay (the daemon's binary is
+// hashed once).
+func (im *images) hashFile(h io.Writer, f string) error {
+	st, err := os.Stat(f)
+	if err != nil {
+		return err
+	}
+	key := fmt.Sprintf("%s %d %d", f, st.Size(), st.ModTime().UnixNano())
+	im.mu.Lock()
+	sum, ok := im.sums[key]
+	im.mu.Unlock()
+	if !ok {
+		r, err := os.Open(f)
+		if err != nil {
+			return err
+		}
+		d := sha256.New()
+		_, err = io.Copy(d, r)
+		r.Close()
+		if err != nil {
+			return err
+		}
+		sum = string(d.Sum(nil))
+		im.mu.Lock()
+		im.sums[key] = sum
+		im.mu.Unlock()
+	}
+	_, err = io.WriteString(h, sum)
+	return err
 }
 
 func addFile(w *cpio.Writer, src, name string) error {
@@ -166,11 +207,11 @@ func (im *images) erofs(ctx context.Context, kind, root string) (string, error) 
 	prefix := kind + "-" + hex.EncodeToString(src[:4]) + "-"
 	name := prefix + key + ".erofs"
 	path := filepath.Join(im.dir, name)
-	if _, err := os.Stat(path); err == nil {
+	if use(path) {
 		return path, nil
 	}
 	defer im.lock(name)()
-	if _, err := os.Stat(path); err == nil {
+	if use(path) {
 		return path, nil
 	}
 	tmp := path + ".tmp"
@@ -188,16 +229,22 @@ func (im *images) erofs(ctx context.Context, kind, root string) (string, error) 
 	return path, nil
 }
 
-// prune removes the images named prefix* other than keep (earlier
-// versions of the same source).
+// pruneAfter is how long an image no machine started from is kept: other
+// daemons of the host (another version of the binary, another /usr) and
+// snapshots of machines started from it may still need it.
+const pruneAfter = 24 * time.Hour
+
+// prune removes the images named prefix* other than keep that were not
+// used for pruneAfter (earlier versions of the same source).
 func (im *images) prune(prefix, keep string) {
 	ents, _ := os.ReadDir(im.dir)
 	for _, e := range ents {
 		n := e.Name()
-		if strings.HasPrefix(n, prefix) && n != keep && !strings.HasSuffix(n, ".lock") && !strings.HasSuffix(n, ".tmp") {
-			if err := os.Remove(filepath.Join(im.dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				continue
-			}
+		if !strings.HasPrefix(n, prefix) || n == keep || strings.HasSuffix(n, ".tmp") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > pruneAfter {
+			os.Remove(filepath.Join(im.dir, n))
 		}
 	}
 }

@@ -121,7 +121,7 @@ func TestInitramfs(t *testing.T) {
 	if err := os.Mkdir(cache, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	im := &images{dir: cache, locks: map[string]*sync.Mutex{}}
+	im := &images{dir: cache, locks: map[string]*sync.Mutex{}, sums: map[string]string{}}
 	path, err := im.initramfs(bin, kernel)
 	if err != nil {
 		t.Fatal(err)
@@ -165,21 +165,37 @@ func TestInitramfs(t *testing.T) {
 			t.Errorf("no directory %s (mode %v)", d, modes[d])
 		}
 	}
-	// The same inputs give the same image; a new binary a new one, and
-	// the old one is removed.
+	// The same inputs give the same image; another binary another one. The
+	// previous one stays while it was used lately (another daemon of the
+	// host may start machines from it), and goes once it was not for a day.
 	if again, err := im.initramfs(bin, kernel); err != nil || again != path {
 		t.Errorf("initramfs again: %s %v, want %s", again, err, path)
 	}
-	future := time.Now().Add(time.Hour)
-	if err := os.Chtimes(bin, future, future); err != nil {
+	if err := os.WriteFile(bin, []byte("the daemon's next binary"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	next, err := im.initramfs(bin, kernel)
 	if err != nil || next == path {
 		t.Fatalf("initramfs of a changed binary: %s %v", next, err)
 	}
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("the previous initramfs, used a moment ago, was removed: %v", err)
+	}
+	old := time.Now().Add(-2 * pruneAfter)
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, []byte("a third binary"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := im.initramfs(bin, kernel); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		t.Errorf("the previous initramfs is still there: %v", err)
+		t.Errorf("an initramfs unused for two days is still there: %v", err)
+	}
+	if _, err := os.Stat(next); err != nil {
+		t.Errorf("the initramfs used a moment ago was removed: %v", err)
 	}
 }
 
