@@ -34,6 +34,17 @@ const busCapacity = 4096
 // at most 4 MiB queued for the disk during a burst.
 var writerOptions = observe.WriterOptions{ChunkBytes: 64 << 10, QueueChunks: 64}
 
+// eventReserve is the free space a jail's event files leave on the data
+// dir's filesystem, which the storage pool's image shares: 5 % of the
+// filesystem, at most 1 GiB (0 when its size is unknown).
+func eventReserve(dir string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return min(int64(st.Blocks)*st.Bsize/20, 1<<30)
+}
+
 // observation is the record of one run of a jail: its JSONL files, its
 // live stream and the aggregates the report is made of. The tracer's
 // delivery goroutine and the network policy both feed it, serialised by mu.
@@ -94,7 +105,9 @@ func (o *observation) Idle() {
 func (m *Manager) observeStart(e *entry, b backend.Backend, st backend.Status) (err error) {
 	j := e.snapshot()
 	dir := filepath.Join(e.dir, "events")
-	w, err := observe.OpenWriter(dir, writerOptions)
+	opts := writerOptions
+	opts.ReserveBytes = eventReserve(e.dir)
+	w, err := observe.OpenWriter(dir, opts)
 	if err != nil {
 		return fmt.Errorf("event files: %w", err)
 	}

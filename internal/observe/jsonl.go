@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 )
 
 // The JSONL files of a jail's events/ directory, one per stored type.
@@ -49,7 +51,25 @@ type WriterOptions struct {
 	// further ones are dropped (default 64, i.e. 16 MiB with the default
 	// chunk size).
 	QueueChunks int
+	// ReserveBytes is free space the Writer leaves on the filesystem of
+	// its files: a write that would leave less free is refused as a full
+	// disk would refuse it (its lines counted lost, Health failing) until
+	// there is room again. The storage pool's image grows on the same
+	// filesystem as the jails write their disks; events alone must not take
+	// its last bytes. 0 keeps no reserve.
+	ReserveBytes int64
 }
+
+// ErrReserve is what a write refused to keep the Writer's reserve of free
+// space fails with (it wraps syscall.ENOSPC).
+var ErrReserve = fmt.Errorf("the free space left is kept for the jails' disks: %w", syscall.ENOSPC)
+
+// How often the Writer reads its filesystem's free space while it keeps a
+// reserve: after this many bytes written, or this much time.
+const (
+	reserveCheckBytes = 16 << 20
+	reserveCheckEvery = 100 * time.Millisecond
+)
 
 type chunk struct {
 	stream int
@@ -91,6 +111,13 @@ type Writer struct {
 	carried  [len(streamFiles)]uint64 // drops reported by the lost line at the head of cur
 	chunkCap int
 
+	// The reserve of free space (the disk goroutine's): the free bytes the
+	// last check found, when it was, and the bytes written since.
+	reserve     int64
+	freeBytes   int64
+	freeChecked time.Time
+	sinceCheck  int64
+
 	queue chan chunk
 	free  sync.Pool
 	done  chan struct{}
@@ -119,6 +146,7 @@ func OpenWriter(dir string, opts WriterOptions) (*Writer, error) {
 	w := &Writer{
 		dir:      dir,
 		chunkCap: opts.ChunkBytes,
+		reserve:  opts.ReserveBytes,
 		queue:    make(chan chunk, opts.QueueChunks),
 		done:     make(chan struct{}),
 	}
@@ -298,7 +326,11 @@ func (w *Writer) drain() {
 // it, cuts the file back to its last whole line and counts c's lines lost.
 func (w *Writer) writeChunk(c chunk) {
 	f := w.files[c.stream]
-	n, err := f.Write(c.buf)
+	var n int
+	err := w.keepReserve(len(c.buf))
+	if err == nil {
+		n, err = f.Write(c.buf)
+	}
 	if err == nil {
 		w.sizes[c.stream] += int64(n)
 		w.written.Add(uint64(n))
@@ -317,6 +349,31 @@ func (w *Writer) writeChunk(c chunk) {
 	streamCounts[c.stream].dropped.Add(c.lines)
 	w.failing[c.stream].Store(true)
 	w.setErr(fmt.Errorf("observe: %w", err))
+}
+
+// keepReserve returns ErrReserve when writing n more bytes would leave less
+// free space than the reserve. The free space is read again when the last
+// reading is older than reserveCheckEvery or reserveCheckBytes were
+// written since, and always while writes are refused.
+func (w *Writer) keepReserve(n int) error {
+	if w.reserve <= 0 {
+		return nil
+	}
+	if w.sinceCheck >= reserveCheckBytes || time.Since(w.freeChecked) >= reserveCheckEvery ||
+		w.freeBytes-w.sinceCheck-int64(n) < w.reserve {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(w.dir, &st); err != nil {
+			return fmt.Errorf("free space of %s: %w", w.dir, err)
+		}
+		w.freeBytes = int64(st.Bavail) * st.Bsize
+		w.freeChecked = time.Now()
+		w.sinceCheck = 0
+	}
+	if w.freeBytes-w.sinceCheck-int64(n) < w.reserve {
+		return fmt.Errorf("%s: %d MiB free, %d MiB kept: %w", w.dir, w.freeBytes>>20, w.reserve>>20, ErrReserve)
+	}
+	w.sinceCheck += int64(n)
+	return nil
 }
 
 // setErr records the latest write error.

@@ -245,3 +245,78 @@ func waitDrained(t *testing.T, w *Writer) {
 		time.Sleep(100 * time.Microsecond)
 	}
 }
+
+// TestWriterReserve: a Writer keeping a reserve stops writing while the
+// filesystem has less free space than the reserve (the lines counted lost,
+// Health saying why), leaves that space free, and writes again, reporting
+// what it lost, once there is room.
+func TestWriterReserve(t *testing.T) {
+	testenv.RequireRoot(t)
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	filler := filepath.Join(mnt, "filler")
+	if err := os.WriteFile(filler, make([]byte, 256<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const reserve = 512 << 10
+	w, err := OpenWriter(filepath.Join(mnt, "events"), WriterOptions{ChunkBytes: 4096, ReserveBytes: reserve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := func() int64 {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(mnt, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	// Far more than the room above the reserve.
+	for i := range 8000 {
+		w.Write(&Event{Type: TypeSyscall, NR: 1, PID: int32(i), Comm: "filler-of-disks"})
+		if i%10 == 9 {
+			w.Flush()
+			waitDrained(t, w)
+		}
+	}
+	lost, err := w.Health()
+	if lost == 0 || !errors.Is(err, ErrReserve) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("after writing past the reserve: %d lost, %v; want lines lost and the reserve's error", lost, err)
+	}
+	if f := free(); f < reserve {
+		t.Fatalf("%d bytes free, under the %d kept", f, reserve)
+	}
+	readLines(t, filepath.Join(mnt, "events", SyscallsFile))
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(&Event{Type: TypeSyscall, NR: 2, PID: 99999})
+	w.Flush()
+	waitDrained(t, w)
+	if err := w.Close(); err == nil {
+		t.Error("Close does not report that writes were refused")
+	}
+	if lost, err = w.Health(); err != nil {
+		t.Fatalf("with room again: %v", err)
+	}
+	var reported uint64
+	lines := readLines(t, filepath.Join(mnt, "events", SyscallsFile))
+	for _, l := range lines {
+		var ev struct {
+			Type string `json:"type"`
+			Lost uint64 `json:"count"`
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type == "lost" {
+			reported += ev.Lost
+		}
+	}
+	if reported != lost || !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }) {
+		t.Fatalf("the file reports %d lost lines, the writer lost %d; the last event is there: %v", reported, lost, slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }))
+	}
+}
