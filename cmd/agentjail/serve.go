@@ -40,14 +40,18 @@ var _ e2b.Jails = (*jail.Manager)(nil)
 // flight before closing their connections (which cancels their commands).
 const shutdownGrace = 10 * time.Second
 
-// maxWarmJails bounds serve --warm-jails.
-const maxWarmJails = 64
+// maxWarmJails bounds serve --warm-jails and --warm-max.
+const maxWarmJails = 256
+
+// defaultWarmMax is serve --warm-max's default: a burst of 64 creates
+// finds its jails ready the next time.
+const defaultWarmMax = 64
 
 func newServeCmd(g *globals) *cobra.Command {
 	var poolSize, toolsDir, secretsFile, mdnsIface string
 	var mdnsOn bool
 	var lv levelFlags
-	var warmJails int
+	var warmJails, warmMax int
 	var net netFlags
 	var insecureRegistries []string
 	var profileCache, debianMirror string
@@ -76,7 +80,13 @@ next start.`,
 			if warmJails < 0 || warmJails > maxWarmJails {
 				return usageError{fmt.Errorf("--warm-jails: %d is not between 0 and %d", warmJails, maxWarmJails)}
 			}
-			opts := jail.Options{DataDir: g.dataDirPath(), Backends: lv.factories(), PoolSize: pool, WarmJails: warmJails,
+			if !cmd.Flags().Changed("warm-max") {
+				warmMax = max(warmJails, defaultWarmMax)
+			}
+			if warmMax < warmJails || warmMax > maxWarmJails {
+				return usageError{fmt.Errorf("--warm-max: %d is not between --warm-jails (%d) and %d", warmMax, warmJails, maxWarmJails)}
+			}
+			opts := jail.Options{DataDir: g.dataDirPath(), Backends: lv.factories(), PoolSize: pool, WarmJails: warmJails, WarmMax: warmMax,
 				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}
 			opts.Registries.Insecure = insecureRegistries
 			opts.ProfileCache, opts.DebianMirror = profileCache, debianMirror
@@ -103,6 +113,7 @@ next start.`,
 	cmd.Flags().StringVar(&otlpEndpoint, "otlp-endpoint", "", "export traces of API calls and the jails' events (as logs) over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (default: no export)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "also serve the Prometheus metrics without a credential at http://ADDR/metrics (e.g. 127.0.0.1:9108); GET /metrics on the API takes an admin key or the token")
 	cmd.Flags().IntVar(&warmJails, "warm-jails", 2, "how many started jails of the default configuration to keep ready: a create asking for that configuration takes one (0: none)")
+	cmd.Flags().IntVar(&warmMax, "warm-max", defaultWarmMax, "how many ready jails the pool grows to after bursts of creates (the most created in ten seconds over the last five minutes); --warm-jails for a pool of fixed size")
 	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)
 	cmd.Flags().StringVar(&net.hostsFile, "hosts-file", "", "static name → address entries (hosts(5) format) the jails' DNS answers before the host's resolver")
 	cmd.Flags().StringVar(&net.subnet, "subnet", "", "the jail network (default 10.88.0.0/16; remembered in DATA_DIR/network.json)")

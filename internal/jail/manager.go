@@ -61,6 +61,9 @@ type Options struct {
 	// WarmJails is how many started jails of the default configuration to
 	// keep ready for creates that ask for it (warm.go; default none).
 	WarmJails int
+	// WarmMax is how many the pool grows to after bursts of such creates
+	// (default: WarmJails, a pool of fixed size).
+	WarmMax int
 	// Logger receives diagnostics (default: discard).
 	Logger *slog.Logger
 	// AllowHostNetwork permits jails with network mode "host".
@@ -286,7 +289,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m.recoverCheckpoints(ctx)
-	if err := m.startWarm(opts.WarmJails); err != nil {
+	if err := m.startWarm(opts.WarmJails, opts.WarmMax); err != nil {
 		m.pool.Close()
 		return nil, err
 	}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,12 +20,20 @@ import (
 	"github.com/agentjail/agentjail/internal/tenant"
 )
 
-// The warm pool keeps a few jails of the default configuration started and
+// The warm pool keeps jails of the default configuration started and
 // ready. A create whose effective configuration is exactly the default
 // takes one, which costs a rename (name, UTS host name, the name other
 // jails' network rules see) instead of a container start (runc create and
-// start, init start-up, network attach: 100-200 ms on a small host). The
-// pool refills in the background.
+// start, init start-up, network attach: 100-200 ms on a small host).
+//
+// The pool adapts to bursts: it keeps at least its base size
+// (serve --warm-jails) and as many as the largest burst of such creates
+// seen recently (the most within demandBurst over the last demandWindow),
+// up to its maximum (serve --warm-max); once no burst is left in the
+// window it shrinks back. Ready jails are started in the background, a few
+// at a time (warmParallel). A create that finds no ready jail while some
+// are being started waits for the first of them, which is ready sooner
+// than a jail it would start itself.
 //
 // A ready jail lives in DATA_DIR/jails/{id} like any jail, with a marker
 // file, but is in neither index, so the API does not see it. A daemon
@@ -41,8 +51,27 @@ const makingMarker = "making"
 // warmRetryMax bounds the wait between refills that fail.
 const warmRetryMax = 30 * time.Second
 
+// The pool's measure of demand: its target is the most creates of its
+// configuration within any demandBurst of the last demandWindow.
+const (
+	demandBurst  = 10 * time.Second
+	demandWindow = 5 * time.Minute
+	// maxDemand bounds the creates remembered.
+	maxDemand = 1024
+)
+
+// refillPause is how long a burst of creates must pause before the pool
+// refills, while a quarter of its target is still ready.
+const refillPause = 250 * time.Millisecond
+
+// warmParallel is how many ready jails start at once: one per CPU, so
+// that a refill after a burst does not take the jails of the burst the
+// whole host.
+var warmParallel = max(runtime.NumCPU(), 1)
+
 type warmPool struct {
-	size int
+	size int // the base size
+	max  int // the most it grows to
 	// key is the default configuration, canonical JSON: a request matches
 	// when its effective configuration encodes to the same bytes.
 	key []byte
@@ -51,21 +80,30 @@ type warmPool struct {
 	wg   sync.WaitGroup
 
 	mu      sync.Mutex
-	ready   []*entry
-	filling bool
+	ready   []*entry // oldest first
+	filling int      // ready jails being started
+	waiters []chan *entry
 	closed  bool
 	taken   uint64
 	lastErr error
+	// creates are the times of the creates of the configuration within
+	// the window (the last maxDemand at most), oldest first.
+	creates []time.Time
+	trimmer *time.Timer // shrinks the pool once a burst leaves the window
+	// lastTake is when a create last took a ready jail; resume refills
+	// once a burst pauses.
+	lastTake time.Time
+	resume   *time.Timer // shrinks the pool once a burst leaves the window
 }
 
-func newWarmPool(size int) (*warmPool, error) {
+func newWarmPool(size, maxSize int) (*warmPool, error) {
 	cfg := config.Config{}
 	cfg.ApplyDefaults()
 	key, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &warmPool{size: size, key: key, stop: make(chan struct{})}, nil
+	return &warmPool{size: size, max: max(size, maxSize), key: key, stop: make(chan struct{})}, nil
 }
 
 // matches reports whether cfg (defaults applied) is the pool's configuration.
@@ -83,22 +121,52 @@ func (w *warmPool) config() config.Config {
 	return cfg
 }
 
+// noteDemand counts a create of the pool's configuration. w.mu is held.
+func (w *warmPool) noteDemand(now time.Time) {
+	old := 0
+	for old < len(w.creates) && now.Sub(w.creates[old]) > demandWindow {
+		old++
+	}
+	old = max(old, len(w.creates)-maxDemand+1)
+	w.creates = append(w.creates[:0], w.creates[old:]...)
+	w.creates = append(w.creates, now)
+}
+
+// target is how many ready jails the pool wants now: its base size, or
+// the most creates within any demandBurst of the last demandWindow, up to
+// its maximum. w.mu is held.
+func (w *warmPool) target(now time.Time) int {
+	peak, first := 0, 0
+	for i, t := range w.creates {
+		if now.Sub(t) > demandWindow {
+			first = i + 1
+			continue
+		}
+		for t.Sub(w.creates[first]) > demandBurst {
+			first++
+		}
+		peak = max(peak, i-first+1)
+	}
+	return min(max(w.size, peak), w.max)
+}
+
 func (w *warmPool) status() *model.WarmPool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	st := &model.WarmPool{Size: w.size, Ready: len(w.ready), Taken: w.taken}
+	st := &model.WarmPool{Size: w.size, Max: w.max, Target: w.target(time.Now()), Ready: len(w.ready), Taken: w.taken}
 	if w.lastErr != nil {
 		st.Error = w.lastErr.Error()
 	}
 	return st
 }
 
-// startWarm starts keeping size ready jails (none when size <= 0).
-func (m *Manager) startWarm(size int) error {
+// startWarm starts keeping ready jails: size at least, up to maxSize
+// after bursts (none when size <= 0).
+func (m *Manager) startWarm(size, maxSize int) error {
 	if size <= 0 {
 		return nil
 	}
-	w, err := newWarmPool(size)
+	w, err := newWarmPool(size, maxSize)
 	if err != nil {
 		return err
 	}
@@ -107,29 +175,72 @@ func (m *Manager) startWarm(size int) error {
 	return nil
 }
 
-// refillWarm starts the background filler unless it runs already.
+// refillWarm starts background fillers while the pool (ready jails and
+// those being started) is below its target, or creates wait, up to
+// warmParallel at once; and destroys the ready jails above the target.
 func (m *Manager) refillWarm() {
 	w := m.warm
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed || w.filling || len(w.ready) >= w.size {
+	if w.closed {
 		return
 	}
-	w.filling = true
-	w.wg.Add(1)
-	go m.fillWarm()
+	now := time.Now()
+	target := w.target(now)
+	// While a burst takes ready jails and enough are left, starting more
+	// would only take CPU from the jails just handed out: wait until the
+	// burst pauses.
+	if len(w.waiters) == 0 && len(w.ready) >= max(target/4, 1) && now.Sub(w.lastTake) < refillPause {
+		if w.resume == nil {
+			w.resume = time.AfterFunc(refillPause, func() {
+				w.mu.Lock()
+				w.resume = nil
+				w.mu.Unlock()
+				m.refillWarm()
+			})
+		}
+		return
+	}
+	for w.filling < warmParallel && (len(w.ready)+w.filling < target || len(w.waiters) > w.filling) {
+		w.filling++
+		w.wg.Add(1)
+		go m.fillWarm()
+	}
+	if extra := len(w.ready) - target; extra > 0 {
+		old := slices.Clone(w.ready[:extra])
+		w.ready = slices.Delete(w.ready, 0, extra)
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			for _, e := range old {
+				m.discardWarm(e)
+			}
+		}()
+	}
+	// Look again as the bursts leave the window.
+	if target > w.size && w.trimmer == nil {
+		w.trimmer = time.AfterFunc(demandBurst, func() {
+			w.mu.Lock()
+			w.trimmer = nil
+			w.mu.Unlock()
+			m.refillWarm()
+		})
+	}
 }
 
-// fillWarm starts ready jails until the pool is full (or closed); after a
-// failure it waits (doubling up to warmRetryMax) before trying again.
+// fillWarm starts ready jails while the pool wants more (see refillWarm);
+// after a failure it waits (doubling up to warmRetryMax) before trying
+// again. A jail it starts goes to the first waiting create, else to the
+// pool.
 func (m *Manager) fillWarm() {
 	w := m.warm
 	defer w.wg.Done()
 	retry := time.Second
 	for {
 		w.mu.Lock()
-		if w.closed || len(w.ready) >= w.size {
-			w.filling = false
+		// The others being started count toward the target.
+		if w.closed || len(w.ready)+w.filling-1 >= w.target(time.Now()) && len(w.waiters) < w.filling {
+			w.filling--
 			w.mu.Unlock()
 			return
 		}
@@ -138,7 +249,18 @@ func (m *Manager) fillWarm() {
 		w.mu.Lock()
 		w.lastErr = err
 		kept := err == nil && !w.closed
-		if kept {
+		switch {
+		case err != nil:
+			// The creates waiting start jails of their own.
+			for _, c := range w.waiters {
+				close(c)
+			}
+			w.waiters = nil
+		case kept && len(w.waiters) > 0:
+			w.waiters[0] <- e
+			w.waiters = w.waiters[1:]
+			retry = time.Second
+		case kept:
 			w.ready = append(w.ready, e)
 			retry = time.Second
 		}
@@ -181,32 +303,21 @@ func (m *Manager) discardWarm(e *entry) {
 
 // takeWarm hands out a ready jail as a new jail named name ("" names it
 // after its id), or returns nil when none is ready or the one taken could
-// not be renamed (the caller then creates a jail the usual way). A name
-// that another jail has is a conflict, and the ready jail stays ready.
+// not be renamed (the caller then creates a jail the usual way). With none
+// ready while some are being started, it waits for the first of them. A
+// name that another jail has is a conflict, and the ready jail stays
+// ready.
 func (m *Manager) takeWarm(ctx context.Context, name string) (*model.Jail, error) {
+	e, err := m.warm.take(ctx)
+	if e == nil || err != nil {
+		m.refillWarm()
+		return nil, err
+	}
 	w := m.warm
-	w.mu.Lock()
-	var e *entry
-	if n := len(w.ready); n > 0 && !w.closed {
-		e = w.ready[n-1]
-		w.ready = w.ready[:n-1]
-	}
-	w.mu.Unlock()
-	if e == nil {
-		return nil, nil
-	}
 	j, err := m.adoptWarm(ctx, e, name)
 	if refused := errors.Is(err, errdefs.ErrQuota) || errors.Is(err, errdefs.ErrForbidden); refused || errors.Is(err, errNameTaken) {
 		// The ready jail stays ready for the next create.
-		w.mu.Lock()
-		closed := w.closed
-		if !closed {
-			w.ready = append(w.ready, e)
-		}
-		w.mu.Unlock()
-		if closed {
-			m.discardWarm(e)
-		}
+		w.give(e, m)
 		if refused {
 			return nil, err
 		}
@@ -223,6 +334,65 @@ func (m *Manager) takeWarm(ctx context.Context, name string) (*model.Jail, error
 	}
 	m.refillWarm()
 	return j, nil
+}
+
+// take counts a create and returns a ready jail: the newest ready one, or
+// the next one started when some are being started (nil when none is, or
+// the start failed). A done ctx while waiting is ctx's error.
+func (w *warmPool) take(ctx context.Context) (*entry, error) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil, nil
+	}
+	w.noteDemand(time.Now())
+	if n := len(w.ready); n > 0 {
+		e := w.ready[n-1]
+		w.ready = w.ready[:n-1]
+		w.lastTake = time.Now()
+		w.mu.Unlock()
+		return e, nil
+	}
+	if w.filling == 0 {
+		w.mu.Unlock()
+		return nil, nil
+	}
+	c := make(chan *entry, 1)
+	w.waiters = append(w.waiters, c)
+	w.mu.Unlock()
+	select {
+	case e := <-c:
+		return e, nil
+	case <-ctx.Done():
+	}
+	w.mu.Lock()
+	if i := slices.Index(w.waiters, c); i >= 0 {
+		w.waiters = slices.Delete(w.waiters, i, i+1)
+		w.mu.Unlock()
+		return nil, ctx.Err()
+	}
+	w.mu.Unlock()
+	// A jail was handed over meanwhile (or the start failed): keep it.
+	if e := <-c; e != nil {
+		w.mu.Lock()
+		w.ready = append(w.ready, e)
+		w.mu.Unlock()
+	}
+	return nil, ctx.Err()
+}
+
+// give puts a ready jail back (a create that took it could not use its
+// name), or destroys it when the pool closed meanwhile.
+func (w *warmPool) give(e *entry, m *Manager) {
+	w.mu.Lock()
+	closed := w.closed
+	if !closed {
+		w.ready = append(w.ready, e)
+	}
+	w.mu.Unlock()
+	if closed {
+		m.discardWarm(e)
+	}
 }
 
 // errNameTaken is adoptWarm's refusal of a name in use.
@@ -286,6 +456,16 @@ func (m *Manager) stopWarm() {
 	close(w.stop)
 	ready := w.ready
 	w.ready = nil
+	for _, c := range w.waiters {
+		close(c)
+	}
+	w.waiters = nil
+	for _, t := range []**time.Timer{&w.trimmer, &w.resume} {
+		if *t != nil {
+			(*t).Stop()
+			*t = nil
+		}
+	}
 	w.mu.Unlock()
 	w.wg.Wait()
 	var wg sync.WaitGroup

@@ -158,8 +158,15 @@ type Health struct {
 // of the default configuration that a create asking for that configuration
 // takes at once instead of starting a new container.
 type WarmPool struct {
-	// Size is how many ready jails the daemon keeps (serve --warm-jails).
+	// Size is how many ready jails the daemon keeps at least (serve
+	// --warm-jails).
 	Size int `json:"size"`
+	// Max is how many it keeps at most, after bursts of creates (serve
+	// --warm-max).
+	Max int `json:"max"`
+	// Target is how many it keeps now: Size, or the largest burst of
+	// creates of the last minutes, up to Max.
+	Target int `json:"target"`
 	// Ready is how many are ready now.
 	Ready int `json:"ready"`
 	// Taken counts the creates served from the pool since the daemon

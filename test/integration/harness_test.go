@@ -782,10 +782,12 @@ type healthInfo struct {
 	Status string `json:"status"`
 	Jails  int    `json:"jails"`
 	Warm   *struct {
-		Size  int    `json:"size"`
-		Ready int    `json:"ready"`
-		Taken uint64 `json:"taken"`
-		Error string `json:"error"`
+		Size   int    `json:"size"`
+		Max    int    `json:"max"`
+		Target int    `json:"target"`
+		Ready  int    `json:"ready"`
+		Taken  uint64 `json:"taken"`
+		Error  string `json:"error"`
 	} `json:"warm"`
 }
 
@@ -799,13 +801,13 @@ func (d *daemon) health(tb testing.TB) healthInfo {
 // waitWarm waits until the daemon's pool of ready jails is full.
 func (d *daemon) waitWarm(tb testing.TB) {
 	tb.Helper()
-	err := waitFor(time.Minute, func() error {
+	err := waitFor(3*time.Minute, func() error {
 		h := d.health(tb)
 		switch {
 		case h.Warm == nil:
 			return fmt.Errorf("the daemon keeps no ready jails")
-		case h.Warm.Ready < h.Warm.Size:
-			return fmt.Errorf("%d of %d ready jails (last error: %q)", h.Warm.Ready, h.Warm.Size, h.Warm.Error)
+		case h.Warm.Ready < max(h.Warm.Size, h.Warm.Target):
+			return fmt.Errorf("%d of %d ready jails (last error: %q)", h.Warm.Ready, max(h.Warm.Size, h.Warm.Target), h.Warm.Error)
 		}
 		return nil
 	})
