@@ -59,9 +59,9 @@ type Capabilities struct {
 	// Observers are the kinds of observation that can attach to the
 	// level's jails (ObserverKernel, ObserverBackend); empty: none.
 	Observers []string `json:"observers"`
-	// BackendEvents are the event types a backend observer records
-	// ("proc", "file", "syscall", "net"), when Observers has
-	// ObserverBackend (ObserverKernel records them all).
+	// BackendEvents, when Observers has ObserverBackend, are the event
+	// types its source records ("proc", "file", "syscall", "net") if not
+	// all of them (empty: all, as ObserverKernel records).
 	BackendEvents []string `json:"backend_events,omitempty"`
 	// Checkpoint is true when a running jail's processes can be
 	// checkpointed and restored (snapshot mode full, restore, branch).
