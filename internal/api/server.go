@@ -395,7 +395,7 @@ func (s *server) auditRequest(w http.ResponseWriter, r *http.Request, rt route, 
 		status = rec.status()
 	}
 	e := audit.Entry{
-		Surface: "api", Who: "anonymous", Action: rt.method + " " + rt.pattern, Target: r.URL.EscapedPath(),
+		Surface: surfaceOf(r.Context()), Who: "anonymous", Action: rt.method + " " + rt.pattern, Target: r.URL.EscapedPath(),
 		Status: status, Result: audit.ResultOf(status), Remote: r.RemoteAddr,
 		DurationMs: float64(time.Since(start).Microseconds()) / 1000,
 	}

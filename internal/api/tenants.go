@@ -128,6 +128,22 @@ func (s *server) getMetrics(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+type surfaceKey struct{}
+
+// WithSurface marks ctx as that of a request made in process on behalf of
+// another surface ("mcp"): the audit log names it instead of "api".
+func WithSurface(ctx context.Context, surface string) context.Context {
+	return context.WithValue(ctx, surfaceKey{}, surface)
+}
+
+// surfaceOf is the surface a request came in through.
+func surfaceOf(ctx context.Context) string {
+	if s, ok := ctx.Value(surfaceKey{}).(string); ok {
+		return s
+	}
+	return "api"
+}
+
 // WithMCP serves the MCP tools at POST /mcp with the handler mk makes,
 // given the API's own handler: the tools call the API in process with
 // the caller's credential, so they reach what that credential may.

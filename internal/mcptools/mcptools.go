@@ -27,6 +27,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentjail/agentjail/client"
+	"github.com/agentjail/agentjail/internal/api"
 )
 
 // MaxFileBytes bounds what read_file returns and write_file takes.
@@ -337,7 +338,7 @@ type inProcess struct {
 }
 
 func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
+	r = r.Clone(api.WithSurface(r.Context(), "mcp"))
 	r.RemoteAddr = t.remote
 	r.RequestURI = r.URL.RequestURI()
 	rec := httptest.NewRecorder()

@@ -182,23 +182,26 @@ func TestMCP(t *testing.T) {
 		})
 	}
 	// The tool calls are audited as the API requests they are.
+	// (those of POST /mcp as surface "mcp"; `agentjail mcp` is a client
+	// of the API over HTTP like any other).
 	var lines struct {
 		Entries []struct {
-			Action string `json:"action"`
-			Result string `json:"result"`
-			Who    string `json:"who"`
+			Surface string `json:"surface"`
+			Action  string `json:"action"`
+			Result  string `json:"result"`
+			Who     string `json:"who"`
 		} `json:"entries"`
 	}
 	d.as(a.Secret).want(t, http.StatusOK, "GET", "/audit?limit=200", nil, &lines)
 	count := map[string]int{}
 	for _, e := range lines.Entries {
 		if e.Who == "key:"+a.ID && e.Result == "ok" {
-			count[e.Action]++
+			count[e.Surface+" "+e.Action]++
 		}
 	}
 	for _, op := range []string{"POST /jails", "POST /jails/{id}/exec", "PUT /jails/{id}/files/{path...}", "POST /jails/{id}/snapshot", "POST /snapshots/{sid}/branch", "DELETE /jails/{id}"} {
-		if count[op] < 2 {
-			t.Errorf("%s: %d audit lines of a's MCP calls, want one per transport", op, count[op])
+		if count["api "+op] < 1 || count["mcp "+op] < 1 {
+			t.Errorf("%s: audit lines of a's MCP calls: %d over stdio (surface api), %d over HTTP (surface mcp), want one each", op, count["api "+op], count["mcp "+op])
 		}
 	}
 }

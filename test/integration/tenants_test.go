@@ -397,6 +397,39 @@ func TestTenantIsolation(t *testing.T) {
 		}
 	}
 
+	t.Run("e2b", func(t *testing.T) {
+		// A sandbox made through the E2B API with b's key is a jail of
+		// b's tenant: b lists it, a finds it nowhere.
+		list := func(c *client) map[string]bool {
+			var l struct {
+				Jails []jailInfo `json:"jails"`
+			}
+			c.want(t, http.StatusOK, "GET", "/jails", nil, &l)
+			out := map[string]bool{}
+			for _, x := range l.Jails {
+				out[x.ID] = true
+			}
+			return out
+		}
+		before := list(cb)
+		e2bCreate(t, d, b.Secret, map[string]any{"templateID": "base", "timeout": 120})
+		var made []string
+		for id := range list(cb) {
+			if !before[id] {
+				made = append(made, id)
+			}
+		}
+		if len(made) != 1 {
+			t.Fatalf("b's jails after an E2B create: %d new, want 1", len(made))
+		}
+		if list(ca)[made[0]] {
+			t.Errorf("a lists b's sandbox jail")
+		}
+		if r := ca.do(t, "POST", "/jails/"+made[0]+"/exec", map[string]any{"cmd": []string{"id"}}); r.status != http.StatusNotFound {
+			t.Errorf("a execs in b's sandbox jail: %s", r)
+		}
+	})
+
 	t.Run("quotas", func(t *testing.T) {
 		d.api.want(t, http.StatusOK, "PUT", "/quotas/"+tb, map[string]any{"jails": 1, "memory_bytes": 1 << 30, "snapshots": 1}, nil)
 		t.Cleanup(func() { d.api.do(t, "PUT", "/quotas/"+tb, map[string]any{}) })
