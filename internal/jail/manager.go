@@ -130,8 +130,8 @@ type Manager struct {
 	regCache *regCache
 
 	mu    sync.Mutex
-	jails map[string]*entry // by id
-	names map[string]string // name → id
+	jails map[string]*entry  // by id
+	names map[nameKey]string // (tenant, name) → id
 }
 
 // entry is one jail. op serialises lifecycle transitions; mu guards rec.
@@ -192,7 +192,7 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err := os.Chmod(dataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	m := &Manager{opts: opts, log: opts.Logger, jails: map[string]*entry{}, names: map[string]string{}}
+	m := &Manager{opts: opts, log: opts.Logger, jails: map[string]*entry{}, names: map[nameKey]string{}}
 	initBin, err := installBinary(dataDir)
 	if err != nil {
 		return nil, err
@@ -389,13 +389,15 @@ func hostname(j *model.Jail) string {
 func (m *Manager) lookup(ctx context.Context, ref string) (*entry, error) {
 	m.mu.Lock()
 	e, ok := m.jails[ref]
+	var err error
 	if !ok {
-		if id, named := m.names[ref]; named {
-			e, ok = m.jails[id], true
-		}
+		e, err = m.byNameLocked(ctx, ref)
 	}
 	m.mu.Unlock()
-	if !ok || !tenant.Visible(ctx, e.snapshot().Tenant) {
+	if err != nil {
+		return nil, err
+	}
+	if e == nil || !tenant.Visible(ctx, e.snapshot().Tenant) {
 		return nil, errdefs.NotFoundf("no jail with id or name %q", ref)
 	}
 	return e, nil
@@ -571,13 +573,13 @@ func (m *Manager) releaseJail(ctx context.Context, e *entry, recordless bool) {
 func (m *Manager) register(e *entry) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, taken := m.names[e.rec.Name]; taken {
+	if _, taken := m.names[keyOf(&e.rec)]; taken {
 		return errdefs.Conflictf("a jail named %q already exists", e.rec.Name)
 	}
 	if err := m.admitLocked(e.rec.Tenant, jailUsage(&e.rec.Config)); err != nil {
 		return err
 	}
-	m.names[e.rec.Name] = e.rec.ID
+	m.names[keyOf(&e.rec)] = e.rec.ID
 	m.jails[e.rec.ID] = e
 	return nil
 }
@@ -587,8 +589,8 @@ func (m *Manager) forget(e *entry) {
 	j := e.snapshot()
 	m.mu.Lock()
 	delete(m.jails, j.ID)
-	if m.names[j.Name] == j.ID {
-		delete(m.names, j.Name)
+	if m.names[keyOf(&j)] == j.ID {
+		delete(m.names, keyOf(&j))
 	}
 	m.mu.Unlock()
 }
@@ -854,7 +856,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		m.jails[e.rec.ID] = e
-		m.names[e.rec.Name] = e.rec.ID
+		m.names[keyOf(&e.rec)] = e.rec.ID
 		if err := m.readopt(ctx, e); err != nil {
 			return err
 		}

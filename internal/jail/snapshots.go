@@ -422,8 +422,8 @@ const maxNameLen = 63
 
 // branchNames returns the names of the jails req asks for ("" each for
 // names derived from the snapshot's and the jail's id), checked: valid,
-// distinct, and not held by a jail now.
-func (m *Manager) branchNames(req model.BranchRequest) ([]string, error) {
+// distinct, and not held by a jail of tenant t now.
+func (m *Manager) branchNames(t string, req model.BranchRequest) ([]string, error) {
 	count := req.Count
 	switch {
 	case len(req.Names) > 0 && req.NamePrefix != "":
@@ -465,7 +465,7 @@ func (m *Manager) branchNames(req model.BranchRequest) ([]string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, n := range names {
-		if _, taken := m.names[n]; taken {
+		if _, taken := m.names[nameKey{tenant.Of(t), n}]; taken {
 			return nil, errdefs.Conflictf("a jail named %q already exists", n)
 		}
 	}
@@ -478,15 +478,15 @@ func (m *Manager) branchNames(req model.BranchRequest) ([]string, error) {
 // is made; then either all are made or, on the first failure, those made
 // are destroyed and the error returned.
 func (m *Manager) Branch(ctx context.Context, sid string, req model.BranchRequest) ([]*model.Jail, error) {
-	names, err := m.branchNames(req)
-	if err != nil {
-		return nil, err
-	}
 	snap, done, err := m.use(ctx, sid)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
+	names, err := m.branchNames(snap.Tenant, req)
+	if err != nil {
+		return nil, err
+	}
 	count := len(names)
 	out := make([]*model.Jail, count)
 	errs := make([]error, count)

@@ -23,7 +23,7 @@ func TestDerivedNameFits(t *testing.T) {
 }
 
 func TestBranchNames(t *testing.T) {
-	m := &Manager{names: map[string]string{"taken": "0123456789ab"}}
+	m := &Manager{names: map[nameKey]string{{"default", "taken"}: "0123456789ab"}}
 	cases := []struct {
 		req  model.BranchRequest
 		want []string
@@ -45,7 +45,7 @@ func TestBranchNames(t *testing.T) {
 		{req: model.BranchRequest{NamePrefix: strings.Repeat("x", 62)}, err: errdefs.ErrUnprocessable},
 	}
 	for _, c := range cases {
-		got, err := m.branchNames(c.req)
+		got, err := m.branchNames("", c.req)
 		if c.err != nil {
 			if !errors.Is(err, c.err) {
 				t.Errorf("branchNames(%+v): err %v, want %v", c.req, err, c.err)

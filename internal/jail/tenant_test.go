@@ -75,6 +75,25 @@ func TestManagerTenants(t *testing.T) {
 	if j, err := m.Get(a, "ta"); err != nil || !alive(j.Pid) {
 		t.Fatalf("a's jail after b's attempts: %+v %v", j, err)
 	}
+	// Names are the tenant's own: b may use a's, each finds its own, and
+	// an admin asking by the name of two tenants' jails is told to use
+	// the id.
+	jb, err := m.Create(b, req("ta", config.LevelVM, false))
+	if err != nil {
+		t.Fatalf("b names a jail as a's: %v", err)
+	}
+	if got, err := m.Get(b, "ta"); err != nil || got.ID != jb.ID {
+		t.Errorf("b's jail ta: %+v %v", got, err)
+	}
+	if got, err := m.Get(a, "ta"); err != nil || got.ID != ja.ID {
+		t.Errorf("a's jail ta: %+v %v", got, err)
+	}
+	if _, err := m.Get(admin, "ta"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("an admin asks for ta, which two tenants have: %v", err)
+	}
+	if err := m.Destroy(admin, jb.ID); err != nil {
+		t.Fatal(err)
+	}
 
 	// Quotas: one more jail of the default size fits a's memory quota,
 	// a second is refused until one is freed (429), and a jail bigger
