@@ -326,6 +326,17 @@ func TestTenantIsolation(t *testing.T) {
 		}
 	}
 
+	// Names are each tenant's own: b may name a jail as a's is named
+	// (a 409 would tell b that a has one), and each finds its own.
+	var twin jailInfo
+	cb.want(t, http.StatusCreated, "POST", "/jails", map[string]any{"name": res.jailName, "start": false}, &twin)
+	t.Cleanup(func() { d.api.do(t, "DELETE", "/jails/"+twin.ID, nil) })
+	var mine jailInfo
+	ca.want(t, http.StatusOK, "GET", "/jails/"+res.jailName, nil, &mine)
+	if twin.ID == res.jail || mine.ID != res.jail {
+		t.Errorf("a jail named %s in each tenant: b's %s, a finds %s (a's is %s)", res.jailName, twin.ID, mine.ID, res.jail)
+	}
+
 	// Tenant A's resources are as they were; A's viewer reads them and
 	// changes nothing.
 	var after jailInfo
