@@ -326,17 +326,6 @@ func TestTenantIsolation(t *testing.T) {
 		}
 	}
 
-	// Names are each tenant's own: b may name a jail as a's is named
-	// (a 409 would tell b that a has one), and each finds its own.
-	var twin jailInfo
-	cb.want(t, http.StatusCreated, "POST", "/jails", map[string]any{"name": res.jailName, "start": false}, &twin)
-	t.Cleanup(func() { d.api.do(t, "DELETE", "/jails/"+twin.ID, nil) })
-	var mine jailInfo
-	ca.want(t, http.StatusOK, "GET", "/jails/"+res.jailName, nil, &mine)
-	if twin.ID == res.jail || mine.ID != res.jail {
-		t.Errorf("a jail named %s in each tenant: b's %s, a finds %s (a's is %s)", res.jailName, twin.ID, mine.ID, res.jail)
-	}
-
 	// Tenant A's resources are as they were; A's viewer reads them and
 	// changes nothing.
 	var after jailInfo
@@ -407,6 +396,17 @@ func TestTenantIsolation(t *testing.T) {
 			t.Errorf("console of %s: DELETE a's jail: %s, want %d", k.Role, r, want)
 		}
 	}
+
+	// Names are each tenant's own: b may name a jail as a's is named
+	// (a 409 would tell b that a has one), and each finds its own.
+	var twin jailInfo
+	cb.want(t, http.StatusCreated, "POST", "/jails", map[string]any{"name": res.jailName, "start": false}, &twin)
+	var mine jailInfo
+	ca.want(t, http.StatusOK, "GET", "/jails/"+res.jailName, nil, &mine)
+	if twin.ID == res.jail || mine.ID != res.jail {
+		t.Errorf("a jail named %s in each tenant: b's %s, a finds %s (a's is %s)", res.jailName, twin.ID, mine.ID, res.jail)
+	}
+	cb.want(t, http.StatusNoContent, "DELETE", "/jails/"+twin.ID, nil, nil)
 
 	t.Run("e2b", func(t *testing.T) {
 		// A sandbox made through the E2B API with b's key is a jail of
