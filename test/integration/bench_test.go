@@ -288,6 +288,22 @@ func privateKiB(pid int) (int64, error) {
 	return total, nil
 }
 
+// rollupKiB reads a "Name:  N kB" field of /proc/<pid>/smaps_rollup.
+func rollupKiB(pid int, field string) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				return strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/smaps_rollup", field, pid)
+}
+
 // statusKiB reads a "Name:  N kB" field of /proc/<pid>/status.
 func statusKiB(pid int, field string) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
