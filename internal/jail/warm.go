@@ -81,7 +81,8 @@ type warmPool struct {
 
 	mu      sync.Mutex
 	ready   []*entry // oldest first
-	filling int      // ready jails being started
+	filling int      // fillers running (see fillWarm)
+	backoff int      // of those, the ones waiting to retry after a failure
 	waiters []chan *entry
 	closed  bool
 	taken   uint64
@@ -268,10 +269,16 @@ func (m *Manager) fillWarm() {
 		switch {
 		case err != nil:
 			m.log.Error("starting a ready jail for the warm pool", "err", err, "retry_in", retry)
+			w.mu.Lock()
+			w.backoff++
+			w.mu.Unlock()
 			select {
 			case <-w.stop:
 			case <-time.After(retry):
 			}
+			w.mu.Lock()
+			w.backoff--
+			w.mu.Unlock()
 			retry = min(2*retry, warmRetryMax)
 		case !kept: // the pool closed meanwhile
 			m.discardWarm(e)
@@ -337,8 +344,8 @@ func (m *Manager) takeWarm(ctx context.Context, name string) (*model.Jail, error
 }
 
 // take counts a create and returns a ready jail: the newest ready one, or
-// the next one started when some are being started (nil when none is, or
-// the start failed). A done ctx while waiting is ctx's error.
+// the next one started when some are being started (nil when none is, the
+// refills are failing, or the start failed). A done ctx while waiting is ctx's error.
 func (w *warmPool) take(ctx context.Context) (*entry, error) {
 	w.mu.Lock()
 	if w.closed {
@@ -353,7 +360,8 @@ func (w *warmPool) take(ctx context.Context) (*entry, error) {
 		w.mu.Unlock()
 		return e, nil
 	}
-	if w.filling == 0 {
+	if w.filling-w.backoff == 0 {
+		// Nothing is being started (a failing refill waits to retry).
 		w.mu.Unlock()
 		return nil, nil
 	}

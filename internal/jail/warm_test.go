@@ -2,7 +2,9 @@ package jail
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -124,4 +126,30 @@ func TestWarmPoolFollowsBursts(t *testing.T) {
 	if len(list) != 8 {
 		t.Errorf("the API lists %d jails, want the 8 created", len(list))
 	}
+}
+
+// TestWarmPoolFailingRefill: while the pool's starts fail (and its filler
+// waits to retry), a create of the pool's configuration does not wait for
+// it: it starts a jail of its own at once, and once starts work again the
+// pool fills.
+func TestWarmPoolFailingRefill(t *testing.T) {
+	f := newFake("container")
+	f.failAt("start", errors.New("injected start failure"))
+	td := newTestData(t, f.factory())
+	td.opts.WarmJails, td.opts.WarmMax = 1, 1
+	m := td.open(t)
+	waitPool(t, m, "a failed refill", func(st *model.WarmPool) bool { return st.Error != "" })
+	start := time.Now()
+	if _, err := m.Create(context.Background(), model.CreateRequest{Name: "while-failing"}); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("create while starts fail: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the create waited %v for the failing refill", took)
+	}
+	f.failAt("start", nil)
+	j, err := m.Create(context.Background(), model.CreateRequest{Name: "after"})
+	if err != nil || j.Status != model.StateRunning {
+		t.Fatalf("create once starts work: %v %+v", err, j)
+	}
+	waitPool(t, m, "refilled after the failures", func(st *model.WarmPool) bool { return st.Ready == 1 })
 }
