@@ -84,13 +84,10 @@ func TestWarmPoolFollowsBursts(t *testing.T) {
 	m := td.open(t)
 	ctx := context.Background()
 	waitPool(t, m, "one ready", func(st *model.WarmPool) bool { return st.Ready == 1 })
-	var ids []string
 	for i := range 4 {
-		j, err := m.Create(ctx, model.CreateRequest{Name: fmt.Sprintf("first-%d", i)})
-		if err != nil {
+		if _, err := m.Create(ctx, model.CreateRequest{Name: fmt.Sprintf("first-%d", i)}); err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, j.ID)
 	}
 	st := waitPool(t, m, "grown to the burst", func(st *model.WarmPool) bool { return st.Ready == 4 })
 	if st.Target != 4 || st.Size != 1 || st.Max != 4 {
