@@ -1,0 +1,153 @@
+package kubetest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	agentjail "github.com/agentjail/agentjail/client"
+	"github.com/agentjail/agentjail/internal/testenv"
+)
+
+// Binaries are the programs the nodes run, built by Build.
+type Binaries struct {
+	// Agentjail is cmd/agentjail, AgentjailKube kube/cmd/agentjail-kube.
+	Agentjail, AgentjailKube string
+}
+
+// Build builds agentjail and agentjail-kube into dir. kubeDir is the kube
+// module's root.
+func Build(kubeDir, dir string) (*Binaries, error) {
+	b := &Binaries{Agentjail: filepath.Join(dir, "agentjail"), AgentjailKube: filepath.Join(dir, "agentjail-kube")}
+	for _, s := range []struct{ dir, pkg, out string }{
+		{filepath.Join(kubeDir, ".."), "./cmd/agentjail", b.Agentjail},
+		{kubeDir, "./cmd/agentjail-kube", b.AgentjailKube},
+	} {
+		cmd := exec.Command("go", "build", "-o", s.out, s.pkg)
+		cmd.Dir = s.dir
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("building %s: %w\n%s", s.pkg, err, out)
+		}
+	}
+	return b, nil
+}
+
+// Node is one agentjail node: a daemon on its own data dir and jail
+// network, and `agentjail-kube node` registering it with the cluster.
+type Node struct {
+	Name    string
+	DataDir string
+	// Daemon is a client of the node's daemon.
+	Daemon *agentjail.Client
+	// DaemonURL and Token reach the daemon's API.
+	DaemonURL, Token string
+
+	bins   *Binaries
+	daemon *Process
+	agent  *Process
+}
+
+var listeningRE = regexp.MustCompile(`agentjail: listening on http://(\S+)`)
+
+// StartNode starts node n (0-9) of the test: its daemon (interfaces kN*,
+// jail network 10.(230+N).0.0/16) and its node agent, and waits until the
+// Node is Ready. Everything is stopped and the data dir torn down when the
+// test ends.
+func StartNode(t *testing.T, c *Cluster, bins *Binaries, name string, n int) *Node {
+	t.Helper()
+	testenv.RequireRoot(t)
+	dir, err := os.MkdirTemp("", "agentjail-kube-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd := &Node{Name: name, DataDir: dir, bins: bins}
+	t.Cleanup(func() {
+		if err := nd.shutdown(); err != nil {
+			t.Errorf("node %s: %v", name, err)
+		}
+		if t.Failed() {
+			t.Logf("node %s logs: %s.log, %s.node.log", name, dir, dir)
+		}
+	})
+	if err := nd.startDaemon(n); err != nil {
+		t.Fatalf("node %s: %v", name, err)
+	}
+	nd.agent, err = spawn(dir+".node.log", nil, bins.AgentjailKube, "node",
+		"--name", name, "--data-dir", dir, "--kubeconfig", c.Kubeconfig,
+		"--listen", "127.0.0.1:0", "--address", "127.0.0.1", "--client-ca", c.KubeletClientCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.WaitNodeReady(t, name, 2*time.Minute)
+	return nd
+}
+
+// startDaemon runs `agentjail serve` on the node's data dir.
+func (nd *Node) startDaemon(n int) error {
+	ready := make(chan string, 1)
+	p, err := spawn(nd.DataDir+".log", func(line string) {
+		if m := listeningRE.FindStringSubmatch(line); m != nil {
+			select {
+			case ready <- m[1]:
+			default:
+			}
+		}
+	}, nd.bins.Agentjail, "serve", "--data-dir", nd.DataDir, "--addr", "127.0.0.1:0",
+		"--net-prefix", fmt.Sprintf("k%d", n), "--subnet", fmt.Sprintf("10.%d.0.0/16", 230+n), "--warm-jails", "0")
+	if err != nil {
+		return err
+	}
+	nd.daemon = p
+	select {
+	case addr := <-ready:
+		nd.DaemonURL = "http://" + addr
+	case <-p.Exited():
+		b, _ := os.ReadFile(p.Log)
+		return fmt.Errorf("the daemon exited before listening; log:\n%s", tail(string(b), 40))
+	case <-time.After(2 * time.Minute):
+		return fmt.Errorf("the daemon did not listen within 2 minutes")
+	}
+	tok, err := os.ReadFile(filepath.Join(nd.DataDir, "api-token"))
+	if err != nil {
+		return err
+	}
+	nd.Token = strings.TrimSpace(string(tok))
+	nd.Daemon = agentjail.New(nd.DaemonURL, nd.Token)
+	return nil
+}
+
+// KillDaemon SIGKILLs the node's daemon and its node agent, as a host
+// that dies would lose both.
+func (nd *Node) KillDaemon() {
+	if nd.agent != nil {
+		nd.agent.Kill()
+	}
+	if nd.daemon != nil {
+		nd.daemon.Kill()
+	}
+}
+
+// shutdown stops the node agent and the daemon, tears the data dir down
+// (`agentjail teardown`, which removes every jail, mount, cgroup and
+// interface of it) and removes it.
+func (nd *Node) shutdown() error {
+	if nd.agent != nil {
+		nd.agent.Stop()
+	}
+	if nd.daemon != nil {
+		nd.daemon.Stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, nd.bins.Agentjail, "teardown", "--data-dir", nd.DataDir).CombinedOutput(); err != nil {
+		return fmt.Errorf("agentjail teardown: %w\n%s", err, out)
+	}
+	return os.RemoveAll(nd.DataDir)
+}
