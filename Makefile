@@ -19,7 +19,7 @@ BENCHTIME  ?= 20x
 # The Go files to check: git's view (tracked and new, not ignored), else all.
 GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
-.PHONY: all setup gvisor build run test fuzz fmt-check vet staticcheck lint bench soak web-vendor clean
+.PHONY: all setup gvisor kube-bins build run test fuzz fmt-check vet staticcheck lint bench soak web-vendor clean
 
 all: build
 
@@ -33,6 +33,11 @@ setup:
 gvisor:
 	@scripts/build-runsc.sh
 
+## kube-bins: kube-apiserver, kube-scheduler, kubectl and helm for the tests
+## of kube/, built from Go modules once per version (scripts/build-kube.sh)
+kube-bins:
+	@scripts/build-kube.sh
+
 ## build: the static binary at bin/agentjail
 build:
 	$(GO) build -trimpath -o $(BIN) ./cmd/agentjail
@@ -45,8 +50,9 @@ run: setup build
 ## then every fuzz target for FUZZTIME. The packages run one at a time: they
 ## share host-wide state (a mount namespace made by one copies the others'
 ## mounts and pins them; interfaces, routes and nftables tables are the host's).
-test: setup build fmt-check vet staticcheck
+test: setup kube-bins build fmt-check vet staticcheck
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
+	cd kube && $(GO) test -count=1 -p 1 -timeout 30m ./...
 	@GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 ## fuzz: run every fuzz target (go test -fuzz) for FUZZTIME each; FUZZ=regexp
@@ -61,13 +67,18 @@ fmt-check:
 	@out=$$(gofmt -l $(GOFILES)); \
 	if [ -n "$$out" ]; then echo "gofmt needs to be run on:"; echo "$$out"; exit 1; fi
 
+## vet: both modules (the Kubernetes parts are the module under kube/, so
+## that the daemon does not link Kubernetes' libraries)
 vet:
 	$(GO) vet ./...
+	cd kube && $(GO) vet ./...
 
 ## staticcheck: honnef.co/go/tools at the version go.mod pins (a tool
 ## dependency: go tool builds it)
 staticcheck:
 	$(GO) tool staticcheck ./...
+	$(GO) build -o bin/staticcheck honnef.co/go/tools/cmd/staticcheck
+	cd kube && ../bin/staticcheck ./...
 
 ## lint: gofmt, go vet, staticcheck and a syntax check of the shell scripts
 lint: fmt-check vet staticcheck
@@ -78,7 +89,7 @@ lint: fmt-check vet staticcheck
 ## path and init's exec path (one package at a time, so that they do not
 ## compete for the CPUs), as a table; then the kernel-side tracer's
 ## numbers (traced vs untraced vs strace, events/s, host cost per syscall)
-bench: setup build
+bench: setup kube-bins build
 	@set -o pipefail; \
 	$(GO) test -count=1 -p 1 -timeout 60m -run '^$$' -bench . -benchtime $(BENCHTIME) \
 		./test/integration/ ./internal/netpolicy/ ./internal/initclient/ ./internal/api/ \
@@ -86,6 +97,8 @@ bench: setup build
 	@set -o pipefail; AGENTJAIL_BENCH=1 $(GO) test -count=1 -timeout 30m -run 'Bench' -v ./internal/observe/bpf/ \
 		| grep -v '^=== RUN'
 	$(GO) test -count=1 -run '^$$' -bench Pipeline ./internal/observe/bpf/
+	@set -o pipefail; cd kube && $(GO) test -count=1 -timeout 30m -run '^$$' -bench . -benchtime 5x ./e2e/ \
+		| tee /dev/stderr | ../scripts/benchtable.sh
 
 ## soak: the long reliability runs of test/integration: TestSoak with
 ## SOAK_CYCLES create/exec/destroy cycles (make test runs 500), the leak

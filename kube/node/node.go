@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	agentjail "github.com/agentjail/agentjail/client"
+	"github.com/agentjail/agentjail/kube/api/v1alpha1"
 )
 
 // Taint is on every agentjail node: only Pods that tolerate it are placed
@@ -63,6 +64,9 @@ type Options struct {
 	// certificate for kubelets (--kubelet-client-certificate); the kubelet
 	// API accepts no other client.
 	ClientCA string
+	// API is the daemon's URL as the cluster's gateway reaches it
+	// (published as the Node's v1alpha1.AnnotationAPI).
+	API string
 	// MaxPods is the node's pod capacity (default 110).
 	MaxPods int
 	Log     *slog.Logger
@@ -153,6 +157,10 @@ func describeNode(ctx context.Context, n *corev1.Node, o Options, port int) erro
 		corev1.ResourcePods:   *resource.NewQuantity(int64(o.MaxPods), resource.DecimalSI),
 	}
 	n.Labels[LabelNode] = "true"
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	n.Annotations[v1alpha1.AnnotationAPI] = o.API
 	n.Labels[corev1.LabelOSStable] = "linux"
 	n.Labels[corev1.LabelArchStable] = runtime.GOARCH
 	n.Spec.Taints = []corev1.Taint{{Key: TaintKey, Value: TaintValue, Effect: corev1.TaintEffectNoSchedule}}

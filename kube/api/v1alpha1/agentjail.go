@@ -21,6 +21,9 @@ const (
 	// snapshot request: True with the Snapshot as JSON in its message, or
 	// False with "TOKEN: reason".
 	ConditionSnapshot corev1.PodConditionType = "agentjail.dev/Snapshot"
+	// AnnotationAPI is on every agentjail Node: the URL of its daemon's
+	// API, which the gateway forwards to.
+	AnnotationAPI = "agentjail.dev/api"
 )
 
 // Snapshot is a snapshot of a Sandbox's jail on a node.

@@ -2,6 +2,7 @@
 //
 //	agentjail-kube node      run an agentjail daemon's jails as a Kubernetes node
 //	agentjail-kube operator  serve the Sandbox API and watch agentjail nodes' leases
+//	agentjail-kube gateway   the daemons' API for every jail of the cluster
 //
 // `agentjail serve --kube-node NAME` starts `agentjail-kube node` beside the
 // daemon; run it yourself to keep the two apart.
@@ -12,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -33,6 +36,7 @@ import (
 
 	agentjail "github.com/agentjail/agentjail/client"
 	"github.com/agentjail/agentjail/kube/api/v1alpha1"
+	"github.com/agentjail/agentjail/kube/gateway"
 	"github.com/agentjail/agentjail/kube/node"
 	"github.com/agentjail/agentjail/kube/nodelease"
 	"github.com/agentjail/agentjail/kube/sandbox"
@@ -42,7 +46,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := &cobra.Command{Use: "agentjail-kube", Short: "agentjail in a Kubernetes cluster", SilenceUsage: true}
-	root.AddCommand(nodeCmd(), operatorCmd())
+	root.AddCommand(nodeCmd(), operatorCmd(), gatewayCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		os.Exit(1)
 	}
@@ -189,6 +193,9 @@ func nodeCmd() *cobra.Command {
 			if o.Client, err = kubeClient(kubeconfig); err != nil {
 				return err
 			}
+			if o.API == "" {
+				o.API = o.Daemon.BaseURL
+			}
 			o.Dir = dir
 			if o.Dir == "" {
 				o.Dir = filepath.Join(d.dataDir, "kube-node")
@@ -205,5 +212,39 @@ func nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.Address, "address", "", "the node's InternalIP, which the apiserver dials for the kubelet API")
 	cmd.Flags().StringVar(&o.ClientCA, "client-ca", "", "CA file of the apiserver's kubelet client certificate (--kubelet-client-certificate)")
 	cmd.Flags().IntVar(&o.MaxPods, "max-pods", 110, "how many Pods the node takes")
+	cmd.Flags().StringVar(&o.API, "advertise-api", "", "the daemon's API URL as the cluster's gateway reaches it (default --agentjail-url)")
+	return cmd
+}
+
+func gatewayCmd() *cobra.Command {
+	var kubeconfig, listen string
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "serve the agentjail API for every jail of the cluster (/jails/NAMESPACE.NAME/...), forwarding to the jail's node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			cs, err := kubeClient(kubeconfig)
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			srv := &http.Server{Handler: &gateway.Gateway{Client: cs, Log: log}, ReadHeaderTimeout: 30 * time.Second}
+			go func() {
+				<-cmd.Context().Done()
+				_ = srv.Close()
+			}()
+			log.Info("gateway listening", "addr", "http://"+ln.Addr().String())
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster (default: in-cluster, else KUBECONFIG)")
+	cmd.Flags().StringVar(&listen, "listen", ":8080", "address of the gateway's API")
 	return cmd
 }

@@ -75,16 +75,19 @@ type Cluster struct {
 	KubeletClientCA string
 	// Dir holds the control plane's files and logs.
 	Dir string
+	// AgentjailToken is the API token every agentjail node of the
+	// cluster shares.
+	AgentjailToken string
 }
 
 // Start runs etcd, kube-apiserver and kube-scheduler until the test ends.
 // Their logs are files in the test's temporary directory, named in the
 // test log when the test fails.
-func Start(t *testing.T) *Cluster {
+func Start(t testing.TB) *Cluster {
 	t.Helper()
 	apiserver, scheduler := Bin(t, "kube-apiserver"), Bin(t, "kube-scheduler")
 	dir := t.TempDir()
-	c := &Cluster{Dir: dir}
+	c := &Cluster{Dir: dir, AgentjailToken: randomToken(t)}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("control plane logs: %s/*.log", dir)
@@ -146,7 +149,7 @@ func Start(t *testing.T) *Cluster {
 
 // startEtcd runs an embedded etcd in dir on free loopback ports and
 // returns its client URL.
-func startEtcd(t *testing.T, dir, logFile string) string {
+func startEtcd(t testing.TB, dir, logFile string) string {
 	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
@@ -271,7 +274,7 @@ func spawn(logFile string, onLine func(string), bin string, args ...string) (*Pr
 }
 
 // waitReady polls the apiserver's /readyz until it answers ok.
-func waitReady(t *testing.T, cfg *rest.Config, logFile string) {
+func waitReady(t testing.TB, cfg *rest.Config, logFile string) {
 	t.Helper()
 	tc, err := rest.TransportFor(cfg)
 	if err != nil {

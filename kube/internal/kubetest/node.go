@@ -60,7 +60,7 @@ var listeningRE = regexp.MustCompile(`agentjail: listening on http://(\S+)`)
 // jail network 10.(230+N).0.0/16) and its node agent, and waits until the
 // Node is Ready. Everything is stopped and the data dir torn down when the
 // test ends.
-func StartNode(t *testing.T, c *Cluster, bins *Binaries, name string, n int) *Node {
+func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int) *Node {
 	t.Helper()
 	testenv.RequireRoot(t)
 	dir, err := os.MkdirTemp("", "agentjail-kube-"+name+"-")
@@ -68,6 +68,11 @@ func StartNode(t *testing.T, c *Cluster, bins *Binaries, name string, n int) *No
 		t.Fatal(err)
 	}
 	nd := &Node{Name: name, DataDir: dir, bins: bins}
+	// The nodes share one API token, as a cluster install gives them from
+	// a Secret: the gateway passes the caller's token through.
+	if err := os.WriteFile(filepath.Join(dir, "api-token"), []byte(c.AgentjailToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := nd.shutdown(); err != nil {
 			t.Errorf("node %s: %v", name, err)
@@ -151,3 +156,33 @@ func (nd *Node) shutdown() error {
 	}
 	return os.RemoveAll(nd.DataDir)
 }
+
+// StartGateway runs `agentjail-kube gateway` until the test ends and
+// returns its URL.
+func StartGateway(t testing.TB, c *Cluster, bins *Binaries) string {
+	t.Helper()
+	ready := make(chan string, 1)
+	p, err := spawn(filepath.Join(c.Dir, "gateway.log"), func(line string) {
+		if m := gatewayRE.FindStringSubmatch(line); m != nil {
+			select {
+			case ready <- m[1]:
+			default:
+			}
+		}
+	}, bins.AgentjailKube, "gateway", "--kubeconfig", c.Kubeconfig, "--listen", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	select {
+	case u := <-ready:
+		return u
+	case <-p.Exited():
+		t.Fatalf("the gateway exited; log in %s", p.Log)
+	case <-time.After(time.Minute):
+		t.Fatal("the gateway did not listen within a minute")
+	}
+	return ""
+}
+
+var gatewayRE = regexp.MustCompile(`gateway listening addr=(\S+)`)
