@@ -138,7 +138,7 @@ func (e *env) testSandbox(t *testing.T) {
 	if _, err := gw.Exec(ctx, "default.nosuch", agentjail.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
 		t.Fatalf("an unknown sandbox through the gateway: %v", err)
 	}
-	out, stderr, err := e.c.Kubectl(ctx, t, "", "exec", "sb", "--", "sh", "-c", "echo kept > /workspace/note; pgrep -f 'sleep 4242424'")
+	out, stderr, err := e.c.Kubectl(ctx, t, "", "exec", "sb", "--", "sh", "-c", "echo kept > /workspace/note; pgrep -x sleep")
 	if err != nil {
 		t.Fatalf("exec: %v %s", err, stderr)
 	}
@@ -174,7 +174,7 @@ func (e *env) testSandbox(t *testing.T) {
 	if pod.Spec.NodeName != nd.Name {
 		t.Fatalf("resumed on %s, the snapshot is on %s", pod.Spec.NodeName, nd.Name)
 	}
-	out, stderr, err = e.c.Kubectl(ctx, t, "", "exec", "sb", "--", "sh", "-c", "cat /workspace/note /workspace/starts; pgrep -f 'sleep 4242424'")
+	out, stderr, err = e.c.Kubectl(ctx, t, "", "exec", "sb", "--", "sh", "-c", "cat /workspace/note /workspace/starts; pgrep -x sleep")
 	if err != nil {
 		t.Fatalf("exec after resume: %v %s", err, stderr)
 	}

@@ -68,7 +68,12 @@ func (l *containerLog) write(stream string, data []byte) error {
 		if i < 0 {
 			break
 		}
-		fmt.Fprintf(&buf, "%s %s F %s\n", now, stream, p[:i])
+		line := p[:i]
+		for len(line) > maxLogLine {
+			fmt.Fprintf(&buf, "%s %s P %s\n", now, stream, line[:maxLogLine])
+			line = line[maxLogLine:]
+		}
+		fmt.Fprintf(&buf, "%s %s F %s\n", now, stream, line)
 		p = p[i+1:]
 	}
 	for len(p) >= maxLogLine {

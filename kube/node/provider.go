@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,6 +70,11 @@ type podRun struct {
 	pid int
 	// snapToken is the last snapshot request taken up.
 	snapToken string
+	// cm is the node's attachment to the main command.
+	cm *agentjail.Command
+	// gate is held by a snapshot: the attachment stays closed meanwhile
+	// (CRIU cannot dump init with a connection from outside the jail).
+	gate sync.RWMutex
 }
 
 // NewProvider returns a provider over daemon; dir keeps the containers'
@@ -209,14 +215,36 @@ func (p *Provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 // files; the jail keeps running) and answers the request token with the
 // v1alpha1.ConditionSnapshot Pod condition.
 func (p *Provider) snapshot(r *podRun, token string) {
+	// Detach from the main command for the snapshot: its output meanwhile
+	// is not in the log.
+	r.gate.Lock()
+	defer r.gate.Unlock()
 	r.mu.Lock()
-	id, pid, pod := r.jailID, r.pid, r.pod.DeepCopy()
+	id, pid, pod, cm := r.jailID, r.pid, r.pod.DeepCopy(), r.cm
 	r.mu.Unlock()
+	if cm != nil {
+		cm.Close()
+	}
 	ctx, cancel := context.WithTimeout(p.ctx, 5*time.Minute)
 	defer cancel()
 	status, msg := corev1.ConditionFalse, token+": the Pod's container is not running"
 	if id != "" && pid != 0 {
-		s, err := p.daemon.Snapshot(ctx, id, agentjail.SnapshotRequest{Name: jailName(pod) + "-" + token})
+		var s *agentjail.Snapshot
+		var err error
+		// The daemon closes its side of the attachment a moment after
+		// ours: until then the checkpoint fails (and changes nothing).
+		for attempt := 1; ; attempt++ {
+			s, err = p.daemon.Snapshot(ctx, id, agentjail.SnapshotRequest{Name: fmt.Sprintf("%s-%s-%d", jailName(pod), token, attempt)})
+			if err == nil || attempt == 5 || !strings.Contains(err.Error(), "socket") {
+				break
+			}
+			t := time.NewTimer(time.Duration(attempt) * 100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
 		if err != nil {
 			msg = token + ": " + err.Error()
 			p.events.Event(pod, corev1.EventTypeWarning, "SnapshotFailed", err.Error())

@@ -186,9 +186,15 @@ func (p *Provider) runOnce(ctx context.Context, r *podRun, pod *corev1.Pod, js *
 	if err != nil {
 		return agentjail.CommandExit{}, fmt.Errorf("starting the container's command: %w", err)
 	}
-	defer func() { cm.Close() }()
+	defer func() {
+		r.mu.Lock()
+		r.cm = nil
+		r.mu.Unlock()
+		cm.Close()
+	}()
 	now := metav1.Now()
 	r.mu.Lock()
+	r.cm = cm
 	r.pid = cm.Pid()
 	cs := &r.pod.Status.ContainerStatuses[0]
 	cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
@@ -227,9 +233,19 @@ func (p *Provider) runOnce(ctx context.Context, r *podRun, pod *corev1.Pod, js *
 			case <-t.C:
 			}
 			cm.Close()
-			if next, aerr := p.daemon.AttachCommand(ctx, id, r.pid); aerr == nil {
-				cm = next
+			// A snapshot in progress keeps us detached until it is done.
+			r.gate.RLock()
+			r.mu.Lock()
+			pid := r.pid
+			r.mu.Unlock()
+			next, aerr := p.daemon.AttachCommand(ctx, id, pid)
+			if aerr == nil {
+				cm, attempt = next, 0
+				r.mu.Lock()
+				r.cm = cm
+				r.mu.Unlock()
 			}
+			r.gate.RUnlock()
 			continue
 		}
 		name := "stdout"

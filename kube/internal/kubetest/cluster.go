@@ -123,6 +123,8 @@ func Start(t testing.TB) *Cluster {
 		"--kubelet-client-certificate="+pki.kubeletClientCert, "--kubelet-client-key="+pki.kubeletClientKey,
 		"--kubelet-preferred-address-types=InternalIP",
 		"--profiling=false",
+		// As real clusters do: the node DaemonSet is privileged.
+		"--allow-privileged=true",
 	)
 	caPEM, err := os.ReadFile(pki.ca)
 	if err != nil {

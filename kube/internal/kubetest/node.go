@@ -185,4 +185,4 @@ func StartGateway(t testing.TB, c *Cluster, bins *Binaries) string {
 	return ""
 }
 
-var gatewayRE = regexp.MustCompile(`gateway listening addr=(\S+)`)
+var gatewayRE = regexp.MustCompile(`gateway listening" addr=(\S+)`)

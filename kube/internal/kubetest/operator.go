@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/agentjail/agentjail/kube/api/v1alpha1"
 )
@@ -60,6 +62,7 @@ func StartOperator(t testing.TB, c *Cluster, bins *Binaries, grace time.Duration
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
+	ctrllog.SetLogger(logr.Discard())
 	cl, err := client.New(c.Config, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
