@@ -126,7 +126,7 @@ func New(h backend.Host, path string) (*Backend, error) {
 			"seccomp, minimal capabilities) run by gVisor: the jail's system calls are served by a user-space kernel " +
 			"(the sentry, itself confined by seccomp), never by the host's",
 	}
-	b.caps.CheckpointReason = "process checkpoints of gVisor sandboxes are not wired up yet (filesystem snapshots work)"
+	b.caps.CheckpointReason = "restoring a gVisor sandbox's checkpoint into a new jail (its own disk copy, network namespace and init control socket) is not built yet; filesystem snapshots work"
 	return b, nil
 }
 
