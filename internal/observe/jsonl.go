@@ -77,6 +77,10 @@ type chunk struct {
 	// lines is the number of event lines in buf; carried the count its
 	// lost line at the head reports.
 	lines, carried uint64
+	// written, when set, makes the chunk a marker instead (see
+	// waitWritten): it is closed once the chunks queued before it are
+	// written or refused.
+	written chan struct{}
 }
 
 // Writer appends a jail's events to its JSONL files (events/syscalls.jsonl,
@@ -307,6 +311,15 @@ func StreamTotals() []StreamTotal {
 	return out
 }
 
+// waitWritten waits until the disk goroutine has written (or the disk
+// refused) every chunk handed off so far: the files then hold what they
+// will hold of them.
+func (w *Writer) waitWritten() {
+	done := make(chan struct{})
+	w.queue <- chunk{written: done}
+	<-done
+}
+
 // Dropped returns the number of lines dropped so far because the disk was
 // slower than the stream.
 func (w *Writer) Dropped() uint64 { return w.dropped.Load() }
@@ -317,6 +330,10 @@ func (w *Writer) Written() uint64 { return w.written.Load() }
 func (w *Writer) drain() {
 	defer close(w.done)
 	for c := range w.queue {
+		if c.written != nil {
+			close(c.written)
+			continue
+		}
 		w.writeChunk(c)
 		w.recycle(c.buf)
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/agentjail/agentjail/internal/testenv"
 )
@@ -193,7 +192,7 @@ func TestWriterDiskFull(t *testing.T) {
 		w.Write(&Event{Type: TypeSyscall, NR: 1, PID: int32(i), Comm: "filler-of-disks"})
 		if i%10 == 9 {
 			w.Flush()
-			waitDrained(t, w)
+			w.waitWritten()
 		}
 	}
 	lost, err := w.Health()
@@ -234,18 +233,6 @@ func TestWriterDiskFull(t *testing.T) {
 	}
 }
 
-// waitDrained waits until the writer's disk goroutine has taken every
-// queued chunk.
-func waitDrained(t *testing.T, w *Writer) {
-	t.Helper()
-	for i := 0; len(w.queue) > 0; i++ {
-		if i > 10000 {
-			t.Fatal("the disk goroutine does not drain its queue")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
-}
-
 // TestWriterReserve: a Writer keeping a reserve stops writing while the
 // filesystem has less free space than the reserve (the lines counted lost,
 // Health saying why), leaves that space free, and writes again, reporting
@@ -278,7 +265,7 @@ func TestWriterReserve(t *testing.T) {
 		w.Write(&Event{Type: TypeSyscall, NR: 1, PID: int32(i), Comm: "filler-of-disks"})
 		if i%10 == 9 {
 			w.Flush()
-			waitDrained(t, w)
+			w.waitWritten()
 		}
 	}
 	lost, err := w.Health()
@@ -295,7 +282,7 @@ func TestWriterReserve(t *testing.T) {
 	}
 	w.Write(&Event{Type: TypeSyscall, NR: 2, PID: 99999})
 	w.Flush()
-	waitDrained(t, w)
+	w.waitWritten()
 	if err := w.Close(); err == nil {
 		t.Error("Close does not report that writes were refused")
 	}
