@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -76,4 +77,45 @@ func (c *Client) SetQuota(ctx context.Context, tenant string, limits Quota) (*Te
 		return nil, err
 	}
 	return &q, nil
+}
+
+// AuditEntry is one line of the audit log (GET /audit).
+type AuditEntry struct {
+	Time       time.Time `json:"ts"`
+	Surface    string    `json:"surface"`
+	Who        string    `json:"who"`
+	KeyName    string    `json:"key_name,omitempty"`
+	Tenant     string    `json:"tenant,omitempty"`
+	Role       string    `json:"role,omitempty"`
+	Action     string    `json:"action"`
+	Target     string    `json:"target,omitempty"`
+	Status     int       `json:"status"`
+	Result     string    `json:"result"`
+	Error      string    `json:"error,omitempty"`
+	DurationMs float64   `json:"duration_ms"`
+	Remote     string    `json:"remote,omitempty"`
+}
+
+// Audit returns the newest audit lines (at most limit; 0: the daemon's
+// default) the credential may see, of tenant only when not "".
+func (c *Client) Audit(ctx context.Context, limit int, tenant string) ([]AuditEntry, error) {
+	q := url.Values{}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if tenant != "" {
+		q.Set("tenant", tenant)
+	}
+	resp, err := c.do(ctx, request{method: http.MethodGet, path: "/audit", query: q})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Entries []AuditEntry `json:"entries"`
+	}
+	if err := decodeJSON(resp, &out); err != nil {
+		return nil, err
+	}
+	return out.Entries, nil
 }

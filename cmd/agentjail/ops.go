@@ -1,8 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
@@ -118,5 +121,49 @@ over the quota are refused with 429 quota_exceeded.`,
 	cmd.Flags().StringVar(&memory, "memory", "", "the most memory its jails' limits may add up to, e.g. 8g (0: no limit)")
 	cmd.Flags().StringVar(&disk, "disk", "", "the most disk its jails' sizes may add up to, e.g. 50g (0: no limit)")
 	cmd.Flags().IntVar(&snapshots, "snapshots", 0, "the most snapshots it may hold (0: no limit)")
+	return cmd
+}
+
+func newAuditCmd(g *globals) *cobra.Command {
+	var limit int
+	var tenantName string
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Show the audit log's newest lines (who changed what, when, and how it ended)",
+		Long: `Show the newest lines of the daemon's audit log (DATA_DIR/audit.jsonl): every
+request that changed state or tried to, with who sent it (the token or an API
+key, its tenant and role), the route and target, the status and the result
+(ok, denied, error). A key sees its tenant's lines; an admin all of them.
+With --json, one JSON object per line.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.Audit(cmd.Context(), limit, tenantName)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if g.json {
+				enc := json.NewEncoder(w)
+				for _, e := range list {
+					if err := enc.Encode(e); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tWHO\tTENANT\tACTION\tTARGET\tSTATUS\tRESULT")
+			for _, e := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", e.Time.Local().Format(time.DateTime), e.Who, e.Tenant, e.Action, e.Target, e.Status, e.Result)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 50, "at most this many lines (1 to 10000)")
+	cmd.Flags().StringVar(&tenantName, "tenant", "", "only this tenant's lines (an admin's choice)")
 	return cmd
 }

@@ -67,7 +67,7 @@ $AGENTJAIL_TOKEN, else the content of DATA_DIR/api-token.`,
 		newDiffCmd(g), newTreeCmd(g), newRmsnapCmd(g), newKeysCmd(g),
 		newAgentCmd(g), newSyncCmd(g), newPreviewCmd(g),
 		newPullCmd(g), newImagesCmd(g), newRmiCmd(g), newLoadCmd(g), newCommitCmd(g), newImageCmd(g), newProfileCmd(g),
-		newMCPCmd(g), newQuotaCmd(g),
+		newMCPCmd(g), newQuotaCmd(g), newAuditCmd(g),
 	)
 	return root
 }

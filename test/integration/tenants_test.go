@@ -486,6 +486,21 @@ func TestTenantIsolation(t *testing.T) {
 		if denied < 2 {
 			t.Errorf("the quota refusals are not in the audit log: %+v", lines.Entries)
 		}
+
+		// The CLI: an admin sets a quota, a key reads its own and its
+		// tenant's audit lines.
+		admin := []string{"AGENTJAIL_ADDR=" + d.addr, "AGENTJAIL_TOKEN=" + d.token}
+		asB := []string{"AGENTJAIL_ADDR=" + d.addr, "AGENTJAIL_TOKEN=" + b.Secret}
+		if out, stderr, code := runBin(t, admin, "", "quota", tb, "--jails", "4", "--memory", "2g"); code != 0 || !strings.Contains(out, "jails      1 of 4") || !strings.Contains(out, "memory     512 MiB of 2048 MiB") {
+			t.Errorf("agentjail quota (set): exit %d %q %q", code, out, stderr)
+		}
+		if out, stderr, code := runBin(t, asB, "", "quota", tb, "--jails", "9"); code == 0 || !strings.Contains(stderr, "admin") {
+			t.Errorf("agentjail quota set with b's user key: exit %d %q %q", code, out, stderr)
+		}
+		out, stderr, code := runBin(t, asB, "", "audit", "--json", "--limit", "5")
+		if code != 0 || strings.Count(out, "\n") != 5 || strings.Count(out, `"tenant":"`+tb+`"`) != 5 {
+			t.Errorf("agentjail audit --json with b's key: exit %d %q %q", code, out, stderr)
+		}
 	})
 }
 
