@@ -126,7 +126,10 @@ func New(h backend.Host, path string) (*Backend, error) {
 			"seccomp, minimal capabilities) run by gVisor: the jail's system calls are served by a user-space kernel " +
 			"(the sentry, itself confined by seccomp), never by the host's",
 	}
-	b.caps.CheckpointReason = "restoring a gVisor sandbox's checkpoint into a new jail (its own disk copy, network namespace and init control socket) is not built yet; filesystem snapshots work"
+	// runsc checkpoint refuses a sandbox holding a bound host socket, and
+	// init's control socket is one (--host-uds=create).
+	b.caps.CheckpointReason = "runsc checkpoint fails here: \"encoding error: Cannot save endpoint with bound host socket\" " +
+		"(init's control socket is a host socket bound by the sentry); filesystem snapshots work"
 	return b, nil
 }
 
