@@ -117,11 +117,13 @@ func New(h backend.Host, path string) (*Backend, error) {
 		// the jail's memory): the host kills the sandbox, not the process
 		// that went over, so it is not declared as the per-process limit
 		// the other levels enforce.
-		Limits:     []string{model.LimitPids, model.LimitCPU, model.LimitDisk},
-		PTY:        true,
-		Observers:  []string{model.ObserverBackend},
-		Users:      true,
-		FSSnapshot: true,
+		Limits:    []string{model.LimitPids, model.LimitCPU, model.LimitDisk},
+		PTY:       true,
+		Observers: []string{model.ObserverBackend},
+		// Flows come from the network policy's log, not from the sentry.
+		BackendEvents: []string{"proc", "file", "syscall"},
+		Users:         true,
+		FSSnapshot:    true,
 		Guarantees: "the container level's bundle (its own namespaces, overlay root on a disk of its own, cgroup limits, " +
 			"seccomp, minimal capabilities) run by gVisor: the jail's system calls are served by a user-space kernel " +
 			"(the sentry, itself confined by seccomp), never by the host's",
