@@ -1,9 +1,15 @@
 package gvisor
 
 import (
+	"context"
+	"encoding/binary"
 	"encoding/json"
+	"net"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -144,5 +150,87 @@ func TestTracedSyscalls(t *testing.T) {
 		if !slices.Contains(names, want) {
 			t.Errorf("session points %v lack %s", names, want)
 		}
+	}
+}
+
+// TestSinkProtocol: the daemon's side of the remote sink protocol over a
+// real SOCK_SEQPACKET socket: the handshake, a point per message after
+// the header, the sentry's dropped count reported as lost events, and the
+// end of the stream when the sandbox goes.
+func TestSinkProtocol(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "events.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	accepted := make(chan *net.UnixConn, 1)
+	go func() {
+		c, err := acceptSink(ctx, ln)
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	// The sentry's side: connect, shake hands, send points.
+	sentry, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, _ := proto.Marshal(&pb.Handshake{Version: wireVersion})
+	if _, err := sentry.Write(hs); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, err := sentry.Read(buf)
+	var reply pb.Handshake
+	if err != nil || proto.Unmarshal(buf[:n], &reply) != nil || reply.Version != wireVersion {
+		t.Fatalf("handshake reply: %v %v", reply.Version, err)
+	}
+	conn := <-accepted
+	if conn == nil {
+		t.FailNow()
+	}
+	send := func(typ pb.MessageType, dropped uint32, m proto.Message) {
+		payload, _ := proto.Marshal(m)
+		hdr := make([]byte, headerSize)
+		binary.LittleEndian.PutUint16(hdr[0:], headerSize)
+		binary.LittleEndian.PutUint16(hdr[2:], uint16(typ))
+		binary.LittleEndian.PutUint32(hdr[4:], dropped)
+		if _, err := sentry.Write(append(hdr, payload...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &collect{}
+	r := &reader{conn: conn, sink: c, internal: map[int32]bool{}, plumbing: map[int32]bool{}, done: make(chan struct{})}
+	go r.run()
+	send(pb.MessageType_MESSAGE_SYSCALL_RAW, 0, &pb.Syscall{ContextData: ctxData(7, 7, "sh"), Sysno: unix.SYS_GETPID, Exit: &pb.Exit{Result: 7}})
+	send(pb.MessageType_MESSAGE_SYSCALL_RAW, 5, &pb.Syscall{ContextData: ctxData(7, 7, "sh"), Sysno: unix.SYS_GETPPID, Exit: &pb.Exit{Result: 1}})
+	// A header claiming more than the message holds is one lost point.
+	if _, err := sentry.Write([]byte{200, 0, 6, 0, 5, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	sentry.Close()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not end with the stream")
+	}
+	var got []string
+	for _, e := range c.evs {
+		switch e.Type {
+		case observe.TypeSyscall:
+			got = append(got, e.Name())
+		case observe.TypeLost:
+			got = append(got, "lost "+strconv.FormatUint(e.Lost, 10))
+		}
+	}
+	if want := []string{"getpid", "lost 5", "getppid", "lost 1"}; !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+	if err := r.stop(); err != nil {
+		t.Error(err)
 	}
 }
