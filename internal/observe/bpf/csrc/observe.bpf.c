@@ -306,18 +306,22 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 SEC("tp_btf/sys_exit")
 int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
-	u64 cg = bpf_get_current_cgroup_id();
-	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
-	struct task_struct *t;
+	struct task_struct *t = bpf_get_current_task_btf();
 	struct pending *p;
+	struct watch *w;
+	u64 cg;
 
-	if (!w)
-		return 0;
-	t = bpf_get_current_task_btf();
+	/* The task's own storage first: a task that sys_enter did not record
+	 * (every untraced host process) has none, which is cheaper to learn
+	 * than its cgroup's watch. */
 	p = bpf_task_storage_get(&inflight, t, 0, 0);
 	if (!p || !p->active)
 		return 0;
 	p->active = 0;
+	cg = bpf_get_current_cgroup_id();
+	w = bpf_map_lookup_elem(&watched, &cg);
+	if (!w)
+		return 0;
 	/* An execve that left its caller plumbing started a shim (or failed
 	 * to start a command). */
 	if (p->nr == NR_EXECVE || p->nr == NR_EXECVEAT) {
