@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -207,4 +208,30 @@ func (e *env) testSandbox(t *testing.T) {
 	if left := kubetest.Leftovers(ids...); len(left) > 0 {
 		t.Fatalf("the deleted sandbox left: %v", left)
 	}
+
+	// Deleted while paused: its snapshot goes too.
+	if err := e.cl.Create(ctx, newSandbox("napping")); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSandbox(t, "napping", "DependenciesReady")
+	e.setReplicas(t, "napping", 0)
+	paused := e.waitSandbox(t, "napping", "Paused")
+	var snap v1alpha1.Snapshot
+	if err := json.Unmarshal([]byte(paused.Annotations[v1alpha1.AnnotationSnapshot]), &snap); err != nil {
+		t.Fatal(err)
+	}
+	holder := e.node(t, snap.Node)
+	if _, err := holder.Daemon.GetSnapshot(ctx, snap.ID); err != nil {
+		t.Fatalf("the pause snapshot: %v", err)
+	}
+	if err := e.cl.Delete(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	kubetest.Eventually(t, time.Minute, "the pause snapshot of a deleted Sandbox collected", func(ctx context.Context) (bool, string, error) {
+		snaps, err := holder.Daemon.Snapshots(ctx, "")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return len(snaps) == 0, fmt.Sprintf("%d snapshots", len(snaps)), nil
+	})
 }

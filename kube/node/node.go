@@ -24,6 +24,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -67,6 +68,11 @@ type Options struct {
 	// API is the daemon's URL as the cluster's gateway reaches it
 	// (published as the Node's v1alpha1.AnnotationAPI).
 	API string
+	// Dynamic, when set, lets the node collect the pause snapshots no
+	// Sandbox records any more, every SnapshotGC (default 30 s) once
+	// older than SnapshotGrace (default 1 min).
+	Dynamic                   dynamic.Interface
+	SnapshotGC, SnapshotGrace time.Duration
 	// MaxPods is the node's pod capacity (default 110).
 	MaxPods int
 	Log     *slog.Logger
@@ -79,6 +85,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.MaxPods == 0 {
 		o.MaxPods = 110
+	}
+	if o.SnapshotGC == 0 {
+		o.SnapshotGC = 30 * time.Second
+	}
+	if o.SnapshotGrace == 0 {
+		o.SnapshotGrace = time.Minute
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -129,6 +141,9 @@ func Run(ctx context.Context, o Options) error {
 			o.Log.Info("kubernetes node ready", "node", o.Name)
 		}
 	}()
+	if o.Dynamic != nil {
+		go prov.collectSnapshots(ctx, o.Dynamic, o.SnapshotGC, o.SnapshotGrace)
+	}
 	return n.Run(ctx)
 }
 

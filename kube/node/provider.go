@@ -211,6 +211,10 @@ func (p *Provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// pauseSnapshotPrefix starts the names of the snapshots a node takes for
+// Sandboxes' pauses.
+const pauseSnapshotPrefix = "k8s-pause-"
+
 // snapshot takes a full snapshot of the Pod's jail (its processes and
 // files; the jail keeps running) and answers the request token with the
 // v1alpha1.ConditionSnapshot Pod condition.
@@ -234,7 +238,7 @@ func (p *Provider) snapshot(r *podRun, token string) {
 		// The daemon closes its side of the attachment a moment after
 		// ours: until then the checkpoint fails (and changes nothing).
 		for attempt := 1; ; attempt++ {
-			s, err = p.daemon.Snapshot(ctx, id, agentjail.SnapshotRequest{Name: fmt.Sprintf("%s-%s-%d", jailName(pod), token, attempt)})
+			s, err = p.daemon.Snapshot(ctx, id, agentjail.SnapshotRequest{Name: fmt.Sprintf("%s%s-%s-%d", pauseSnapshotPrefix, pod.UID, token, attempt)})
 			if err == nil || attempt == 5 || !strings.Contains(err.Error(), "socket") {
 				break
 			}

@@ -25,6 +25,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -190,7 +191,14 @@ func nodeCmd() *cobra.Command {
 			if o.Daemon, err = d.client(); err != nil {
 				return err
 			}
-			if o.Client, err = kubeClient(kubeconfig); err != nil {
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			if o.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+				return err
+			}
+			if o.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 				return err
 			}
 			if o.API == "" {
@@ -212,6 +220,8 @@ func nodeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.Address, "address", "", "the node's InternalIP, which the apiserver dials for the kubelet API")
 	cmd.Flags().StringVar(&o.ClientCA, "client-ca", "", "CA file of the apiserver's kubelet client certificate (--kubelet-client-certificate)")
 	cmd.Flags().IntVar(&o.MaxPods, "max-pods", 110, "how many Pods the node takes")
+	cmd.Flags().DurationVar(&o.SnapshotGC, "snapshot-gc-interval", 30*time.Second, "how often the node deletes pause snapshots no Sandbox records any more")
+	cmd.Flags().DurationVar(&o.SnapshotGrace, "snapshot-gc-grace", time.Minute, "how old such a snapshot must be to be deleted")
 	cmd.Flags().StringVar(&o.API, "advertise-api", "", "the daemon's API URL as the cluster's gateway reaches it (default --agentjail-url)")
 	return cmd
 }
