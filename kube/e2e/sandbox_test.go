@@ -227,7 +227,7 @@ func (e *env) testSandbox(t *testing.T) {
 	if err := e.cl.Delete(ctx, paused); err != nil {
 		t.Fatal(err)
 	}
-	kubetest.Eventually(t, time.Minute, "the pause snapshot of a deleted Sandbox collected", func(ctx context.Context) (bool, string, error) {
+	kubetest.Eventually(t, 2*time.Minute, "the pause snapshot of a deleted Sandbox collected", func(ctx context.Context) (bool, string, error) {
 		snaps, err := holder.Daemon.Snapshots(ctx, "")
 		if err != nil {
 			return false, err.Error(), nil

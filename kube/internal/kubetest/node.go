@@ -87,7 +87,7 @@ func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int) *No
 	nd.agent, err = spawn(dir+".node.log", nil, bins.AgentjailKube, "node",
 		"--name", name, "--data-dir", dir, "--kubeconfig", c.Kubeconfig,
 		"--listen", "127.0.0.1:0", "--address", "127.0.0.1", "--client-ca", c.KubeletClientCA,
-		"--snapshot-gc-interval", "1s", "--snapshot-gc-grace", "5s")
+		"--snapshot-gc-interval", "1s", "--snapshot-gc-grace", "20s")
 	if err != nil {
 		t.Fatal(err)
 	}
