@@ -78,9 +78,12 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	// No new session until the machine runs again: a connection made
 	// meanwhile (an exec, the event stream) would wake the guest in the
 	// saved state, where its restored copies would find it.
-	sess.mu.Lock()
-	defer sess.mu.Unlock()
-	sess.closeLocked()
+	release, err := sess.hold(ctx)
+	if err != nil {
+		return backend.CheckpointResult{}, fmt.Errorf("jail %s: %w", inst.Name, err)
+	}
+	defer release()
+	sess.close()
 	t0 := time.Now()
 	if err := q.Run(ctx, "stop", nil); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("jail %s: pause the machine: %w", inst.Name, err)

@@ -16,6 +16,11 @@ import (
 // eventsIdle is how often the sink hears that the source is idle.
 const eventsIdle = 250 * time.Millisecond
 
+// eventsConnect bounds one attempt to reach the guest's event stream
+// (a machine being restored is paused until its restore resumes it); the
+// next attempt connects afresh.
+const eventsConnect = 30 * time.Second
+
 // maxEventLine bounds one event from the guest.
 const maxEventLine = 1 << 20
 
@@ -32,7 +37,9 @@ func (b *Backend) Events(inst backend.Instance, st backend.Status, sink observe.
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			c, err := b.session(inst).stream(ctx, vmproto.KindEvents)
+			actx, acancel := context.WithTimeout(ctx, eventsConnect)
+			c, err := b.session(inst).stream(actx, vmproto.KindEvents)
+			acancel()
 			if err == nil {
 				stopClose := context.AfterFunc(ctx, func() { c.Close() })
 				b.readEvents(c, sink)

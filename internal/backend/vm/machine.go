@@ -179,48 +179,97 @@ func readPid(dir string) (int, error) {
 // session is the daemon's side of a machine's control channel: a yamux
 // session over the virtio-serial port's unix socket.
 type session struct {
-	mu   sync.Mutex
-	dir  string
-	conn net.Conn
+	dir string
+	// opening holds a token while someone opens the session, or keeps
+	// it from being opened (a checkpoint): waiting for it respects the
+	// waiter's context, so nobody waits on a guest that does not answer
+	// beyond their own deadline.
+	opening chan struct{}
+
+	mu   sync.Mutex // guards conn and ys
+	conn net.Conn   // ys's connection, or the one being woken
 	ys   *yamux.Session
+}
+
+func newSession(dir string) *session {
+	return &session{dir: dir, opening: make(chan struct{}, 1)}
+}
+
+// hold keeps everyone else from opening the session until release is
+// called; it waits for whoever holds it now at most until ctx ends.
+func (s *session) hold(ctx context.Context) (release func(), err error) {
+	select {
+	case s.opening <- struct{}{}:
+		return func() { <-s.opening }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("machine control channel: busy opening: %w", context.Cause(ctx))
+	}
+}
+
+// live returns the session when it is open, else nil.
+func (s *session) live() *yamux.Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ys != nil && !s.ys.IsClosed() {
+		return s.ys
+	}
+	return nil
 }
 
 // open returns the live yamux session, connecting when there is none
 // (the first time, or after the machine or the daemon started again).
 func (s *session) open(ctx context.Context) (*yamux.Session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ys != nil && !s.ys.IsClosed() {
-		return s.ys, nil
+	if ys := s.live(); ys != nil {
+		return ys, nil
 	}
-	s.closeLocked()
+	release, err := s.hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if ys := s.live(); ys != nil {
+		return ys, nil
+	}
+	s.close()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", filepath.Join(s.dir, controlSock))
 	if err != nil {
 		return nil, fmt.Errorf("machine control channel: %w", err)
 	}
-	// A cancelled ctx ends the wait for the guest.
+	// close (a destroy) ends the wait for the guest, as does ctx.
+	s.mu.Lock()
+	s.conn = c
+	s.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	err = wake(ctx, c)
 	if !stop() {
 		err = errors.Join(err, ctx.Err())
 	}
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("machine control channel: %w", err)
+	if err == nil {
+		cfg := yamux.DefaultConfig()
+		cfg.EnableKeepAlive = false
+		cfg.LogOutput = io.Discard
+		cfg.MaxStreamWindowSize = 1 << 20
+		cfg.StreamOpenTimeout = 30 * time.Second
+		var ys *yamux.Session
+		if ys, err = yamux.Client(c, cfg); err == nil {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.conn != c { // closed meanwhile
+				ys.Close()
+				return nil, errors.New("machine control channel: closed while opening")
+			}
+			s.ys = ys
+			return ys, nil
+		}
 	}
-	cfg := yamux.DefaultConfig()
-	cfg.EnableKeepAlive = false
-	cfg.LogOutput = io.Discard
-	cfg.MaxStreamWindowSize = 1 << 20
-	cfg.StreamOpenTimeout = 30 * time.Second
-	ys, err := yamux.Client(c, cfg)
-	if err != nil {
-		c.Close()
-		return nil, err
+	s.mu.Lock()
+	if s.conn == c {
+		s.conn = nil
 	}
-	s.conn, s.ys = c, ys
-	return ys, nil
+	s.mu.Unlock()
+	c.Close()
+	return nil, fmt.Errorf("machine control channel: %w", err)
 }
 
 // wakeEvery is how long the daemon waits for the guest's hello before it
@@ -281,21 +330,19 @@ func deadlineOf(ctx context.Context) time.Time {
 	return time.Now().Add(time.Hour)
 }
 
-// close ends the session (the machine keeps running).
+// close ends the session, or the connection being woken (the machine
+// keeps running). It does not wait for anyone.
 func (s *session) close() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closeLocked()
-}
-
-func (s *session) closeLocked() {
-	if s.ys != nil {
-		s.ys.Close()
-	}
-	if s.conn != nil {
-		s.conn.Close()
-	}
+	ys, c := s.ys, s.conn
 	s.ys, s.conn = nil, nil
+	s.mu.Unlock()
+	if ys != nil {
+		ys.Close()
+	}
+	if c != nil {
+		c.Close()
+	}
 }
 
 // stream opens a stream of kind.

@@ -515,7 +515,7 @@ func (b *Backend) session(inst backend.Instance) *session {
 	defer b.mu.Unlock()
 	s, ok := b.sessions[inst.ID]
 	if !ok {
-		s = &session{dir: b.paths(inst).run}
+		s = newSession(b.paths(inst).run)
 		b.sessions[inst.ID] = s
 	}
 	return s

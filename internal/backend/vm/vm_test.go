@@ -263,3 +263,56 @@ func TestWake(t *testing.T) {
 		t.Errorf("wake with a guest that hung up succeeded")
 	}
 }
+
+// TestSessionSilentGuest: a machine whose guest never answers (paused,
+// or its wake line lost) holds nobody beyond their own deadline — not a
+// second caller waiting to open the same session, not a destroy.
+func TestSessionSilentGuest(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, controlSock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c // read nothing, answer nothing
+		}
+	}()
+	s := newSession(dir)
+
+	// The first opener waits for the guest with no deadline of its own
+	// (as the event stream did); the second gives up at its deadline.
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.open(context.Background())
+		first <- err
+	}()
+	// Once the first has connected, it holds the session's opening.
+	defer (<-accepted).Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if _, err := s.open(ctx); err == nil {
+		t.Fatal("a second open succeeded with a silent guest")
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("the second open waited %v, past its 200 ms deadline", d)
+	}
+
+	// A destroy (close) ends the first opener's wait at once.
+	s.close()
+	select {
+	case err := <-first:
+		if err == nil {
+			t.Error("the first open succeeded after close")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("close did not end an open waiting for a silent guest")
+	}
+}
