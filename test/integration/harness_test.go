@@ -156,6 +156,11 @@ func newDaemon(t testing.TB, flags ...string) *daemon {
 		t.Fatalf("starting a daemon: %v", err)
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			// What went wrong inside shows in CI's output, which keeps
+			// no log files.
+			t.Logf("the daemon's last errors and warnings:\n%s", d.problemLines(40))
+		}
 		if err := d.shutdown(); err != nil {
 			t.Errorf("shutting down the daemon: %v", err)
 		}
@@ -303,11 +308,18 @@ func (d *daemon) logTail() string {
 }
 
 // errorLines returns the last n error lines of the daemon's log.
-func (d *daemon) errorLines(n int) string {
+func (d *daemon) errorLines(n int) string { return d.logLines(n, "level=ERROR") }
+
+// problemLines returns the last n error and warning lines of the daemon's log.
+func (d *daemon) problemLines(n int) string { return d.logLines(n, "level=ERROR", "level=WARN") }
+
+// logLines returns the last n lines of the daemon's log that hold one of
+// marks.
+func (d *daemon) logLines(n int, marks ...string) string {
 	b, _ := os.ReadFile(d.logPath)
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "level=ERROR") {
+		if slices.ContainsFunc(marks, func(m string) bool { return strings.Contains(l, m) }) {
 			out = append(out, l)
 		}
 	}
