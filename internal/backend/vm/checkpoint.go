@@ -201,10 +201,12 @@ func (b *Backend) Restore(ctx context.Context, inst backend.Instance, src backen
 	if err := q.Run(ctx, "cont", nil); err != nil {
 		return backend.Status{}, fmt.Errorf("resume the machine: %w", err)
 	}
+	sess := b.session(inst)
 	var rep vmproto.Reply
-	if err := b.session(inst).request(ctx, vmproto.KindResume, &resume, &rep); err != nil {
+	if err := sess.request(ctx, vmproto.KindResume, &resume, &rep); err != nil {
 		return backend.Status{}, fmt.Errorf("resume the guest: %w%s", err, consoleTail(p.run))
 	}
+	sess.markReady()
 	return st, nil
 }
 

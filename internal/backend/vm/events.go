@@ -29,16 +29,22 @@ var _ backend.EventSource = (*Backend)(nil)
 // Events implements backend.EventSource: the guest reports the jail's
 // process starts, programs and exits from inside the machine (the host's
 // observers see only QEMU). They are read from the guest's KindEvents
-// stream, reconnected when the control session is (a snapshot parks it),
-// until stop.
+// stream once the guest serves, reconnected when the control session is
+// (a snapshot parks it), until stop.
 func (b *Backend) Events(inst backend.Instance, st backend.Status, sink observe.Sink) (func() error, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	sess := b.session(inst)
 	go func() {
 		defer close(done)
+		select {
+		case <-sess.ready:
+		case <-ctx.Done():
+			return
+		}
 		for ctx.Err() == nil {
 			actx, acancel := context.WithTimeout(ctx, eventsConnect)
-			c, err := b.session(inst).stream(actx, vmproto.KindEvents)
+			c, err := sess.stream(actx, vmproto.KindEvents)
 			acancel()
 			if err == nil {
 				stopClose := context.AfterFunc(ctx, func() { c.Close() })

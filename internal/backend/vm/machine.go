@@ -185,6 +185,12 @@ type session struct {
 	// waiter's context, so nobody waits on a guest that does not answer
 	// beyond their own deadline.
 	opening chan struct{}
+	// ready is closed once the guest serves (booted, resumed after a
+	// restore, or found running by a new daemon): the event stream
+	// connects only then, so that it never wakes a machine that is
+	// booting or paused.
+	ready     chan struct{}
+	readyOnce sync.Once
 
 	mu   sync.Mutex // guards conn and ys
 	conn net.Conn   // ys's connection, or the one being woken
@@ -192,8 +198,11 @@ type session struct {
 }
 
 func newSession(dir string) *session {
-	return &session{dir: dir, opening: make(chan struct{}, 1)}
+	return &session{dir: dir, opening: make(chan struct{}, 1), ready: make(chan struct{})}
 }
+
+// markReady records that the guest serves.
+func (s *session) markReady() { s.readyOnce.Do(func() { close(s.ready) }) }
 
 // hold keeps everyone else from opening the session until release is
 // called; it waits for whoever holds it now at most until ctx ends.

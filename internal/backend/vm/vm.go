@@ -467,6 +467,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 	if err := sess.request(ctx, vmproto.KindBoot, &boot, &rep); err != nil {
 		return backend.Status{}, fmt.Errorf("boot the jail's machine: %w%s", err, consoleTail(p.run))
 	}
+	sess.markReady()
 	ok = true
 	b.opts.Log.Debug("started jail", "jail", inst.ID, "images_and_network", tNet.Sub(t0),
 		"launch", tLaunch.Sub(tNet), "boot", time.Since(tLaunch), "accel", b.accel)
@@ -599,6 +600,7 @@ func (b *Backend) Status(ctx context.Context, inst backend.Instance) (backend.St
 // Reattach implements backend.Backend.
 func (b *Backend) Reattach(ctx context.Context, inst backend.Instance) error {
 	p := b.paths(inst)
+	b.session(inst).markReady()
 	att, err := b.net.Attach(ctx, inst, p.netns)
 	if err != nil || !att.IP.IsValid() {
 		return err
