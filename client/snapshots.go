@@ -16,6 +16,10 @@ type (
 	SnapshotRequest = model.SnapshotRequest
 	// Lineage names the parent of a jail or snapshot.
 	Lineage = model.Lineage
+	// SnapshotPush is the answer of PushSnapshot.
+	SnapshotPush = model.SnapshotPush
+	// SnapshotSource names the artifact a pulled snapshot came from.
+	SnapshotSource = model.SnapshotSource
 )
 
 func snapshotURL(sid string) string { return "/snapshots/" + url.PathEscape(sid) }
@@ -82,6 +86,26 @@ func (c *Client) Branch(ctx context.Context, sid string, req BranchRequest) ([]*
 		return nil, err
 	}
 	return out.Jails, nil
+}
+
+// PushSnapshot writes snapshot sid to an OCI registry as the artifact ref
+// (registry/repository:tag), with the daemon's registry credentials.
+func (c *Client) PushSnapshot(ctx context.Context, sid, ref string) (*SnapshotPush, error) {
+	var out SnapshotPush
+	if err := c.call(ctx, http.MethodPost, snapshotURL(sid)+"/push", model.SnapshotPushRequest{Ref: ref}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// PullSnapshot fetches the snapshot artifact ref into a new snapshot of
+// the daemon, named name ("": the pushed snapshot's name).
+func (c *Client) PullSnapshot(ctx context.Context, ref, name string) (*Snapshot, error) {
+	var s Snapshot
+	if err := c.call(ctx, http.MethodPost, "/snapshots/pull", model.SnapshotPullRequest{Ref: ref, Name: name}, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
 }
 
 // SnapshotDiff lists what the snapshot's jail changed since the snapshot;

@@ -416,3 +416,27 @@ func TestInfoVerb(t *testing.T) {
 		t.Errorf("info --json: %+v %v", h, err)
 	}
 }
+
+func TestPushsnapPullsnap(t *testing.T) {
+	c := newCLI(t)
+	c.ok("create", "--name", "src")
+	sid := strings.TrimSpace(c.ok("snapshot", "src", "--name", "before"))
+	out := c.ok("pushsnap", sid, "registry.example/team/snaps:v1")
+	if !strings.HasPrefix(out, "registry.example/team/snaps:v1\t") {
+		t.Fatalf("pushsnap: %q", out)
+	}
+	pulled := strings.TrimSpace(c.ok("pullsnap", "registry.example/team/snaps:v1", "--name", "moved"))
+	var s model.Snapshot
+	if err := json.Unmarshal([]byte(c.ok("--json", "pullsnap", "registry.example/team/snaps:v1")), &s); err != nil {
+		t.Fatal(err)
+	}
+	if pulled == sid || s.Source == nil || s.Source.ID != sid || s.Name != "before" {
+		t.Fatalf("pulled %s, then %+v", pulled, s)
+	}
+	if code, _, errs := c.run("", "pullsnap", "registry.example/team/snaps:none"); code != 1 || !strings.Contains(errs, "no such artifact") {
+		t.Fatalf("pullsnap of an unknown ref: exit %d %q", code, errs)
+	}
+	if code, _, _ := c.run("", "pushsnap", sid); code != 2 {
+		t.Fatalf("pushsnap without a ref: exit %d", code)
+	}
+}

@@ -207,6 +207,60 @@ func newRmsnapCmd(g *globals) *cobra.Command {
 	}
 }
 
+func newPushsnapCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "pushsnap SNAPSHOT REF",
+		Short: "Push a snapshot to an OCI registry (REF: registry/repository:tag) and print its digest reference",
+		Long: `Push a snapshot (its record, process images and disk image) to an OCI
+registry as an artifact, so that another daemon can pull it (pullsnap) and
+restore or branch it there. The daemon pushes with its own registry
+credentials (~/.docker/config.json) and reaches plain-HTTP registries only
+when they are named with serve --insecure-registry.`,
+		Args: usageArgs(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.PushSnapshot(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), res)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s in %.0fms\n", res.Ref, humanBytes(uint64(max(res.Bytes, 0))), res.DurationMs)
+			return nil
+		},
+	}
+}
+
+func newPullsnapCmd(g *globals) *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "pullsnap REF [--name NAME]",
+		Short: "Pull a snapshot pushed to an OCI registry into a new snapshot and print its id",
+		Long: `Pull a snapshot artifact (pushed by pushsnap, here or on another daemon)
+into a new snapshot of this daemon, ready to restore or branch. A snapshot
+this daemon could not restore (another level, a rootfs it lacks) is
+refused before its layers are fetched.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.PullSnapshot(cmd.Context(), args[0], name)
+			if err != nil {
+				return err
+			}
+			return g.printCreated(cmd.OutOrStdout(), s, s.ID)
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "the new snapshot's name (default: the pushed snapshot's)")
+	return cmd
+}
+
 func newTreeCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "tree",

@@ -197,6 +197,8 @@ var routes = []route{
 	{http.MethodPost, "/snapshots/{sid}/restore", (*server).restoreSnapshot, write},
 	{http.MethodPost, "/snapshots/{sid}/branch", (*server).branchSnapshot, write},
 	{http.MethodGet, "/snapshots/{sid}/diff", (*server).snapshotDiff, read},
+	{http.MethodPost, "/snapshots/{sid}/push", (*server).pushSnapshot, write},
+	{http.MethodPost, "/snapshots/pull", (*server).pullSnapshot, write},
 	{http.MethodGet, "/diff", (*server).diff, read},
 	{http.MethodGet, "/images", (*server).listImages, read},
 	{http.MethodPost, "/images/pull", (*server).pullImage, write},

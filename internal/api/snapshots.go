@@ -107,6 +107,32 @@ func (s *server) branchSnapshot(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+func (s *server) pushSnapshot(w http.ResponseWriter, r *http.Request) error {
+	var req model.SnapshotPushRequest
+	if err := decodeBody(w, r, &req, false, false); err != nil {
+		return err
+	}
+	res, err := s.svc.PushSnapshot(r.Context(), r.PathValue("sid"), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+func (s *server) pullSnapshot(w http.ResponseWriter, r *http.Request) error {
+	var req model.SnapshotPullRequest
+	if err := decodeBody(w, r, &req, false, false); err != nil {
+		return err
+	}
+	snap, err := s.svc.PullSnapshot(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, snap)
+	return nil
+}
+
 func (s *server) snapshotDiff(w http.ResponseWriter, r *http.Request) error {
 	text, err := textParam(r)
 	if err != nil {
@@ -161,6 +187,13 @@ type SnapshotService interface {
 	// Branch makes req.Count (1..model.MaxBranches) independent running
 	// jails from one snapshot, named as req says; all or none.
 	Branch(ctx context.Context, sid string, req model.BranchRequest) ([]*model.Jail, error)
+	// PushSnapshot writes a snapshot to an OCI registry as the artifact
+	// req.Ref (its record, process images and disk image).
+	PushSnapshot(ctx context.Context, sid string, req model.SnapshotPushRequest) (*model.SnapshotPush, error)
+	// PullSnapshot fetches the snapshot artifact req.Ref into a new
+	// snapshot; what this daemon could not restore is refused (4xx)
+	// before its layers are fetched, and a failed pull leaves nothing.
+	PullSnapshot(ctx context.Context, req model.SnapshotPullRequest) (*model.Snapshot, error)
 	// SnapshotDiff compares a snapshot with its jail as it is now.
 	SnapshotDiff(ctx context.Context, sid string, text bool) (*model.FsDiff, error)
 	// Diff compares the filesystems of from and to, each a jail ref or a

@@ -13,13 +13,17 @@ import (
 func TestOpenAPISnapshotSchemas(t *testing.T) {
 	doc := loadOpenAPI(t)
 	for name, v := range map[string]any{
-		"Lineage":         model.Lineage{},
-		"Snapshot":        model.Snapshot{},
-		"SnapshotRequest": model.SnapshotRequest{},
-		"RestoreRequest":  model.RestoreRequest{},
-		"BranchRequest":   model.BranchRequest{},
-		"SnapshotList":    SnapshotList{},
-		"BranchList":      BranchList{},
+		"Lineage":             model.Lineage{},
+		"Snapshot":            model.Snapshot{},
+		"SnapshotRequest":     model.SnapshotRequest{},
+		"RestoreRequest":      model.RestoreRequest{},
+		"BranchRequest":       model.BranchRequest{},
+		"SnapshotList":        SnapshotList{},
+		"BranchList":          BranchList{},
+		"SnapshotSource":      model.SnapshotSource{},
+		"SnapshotPushRequest": model.SnapshotPushRequest{},
+		"SnapshotPullRequest": model.SnapshotPullRequest{},
+		"SnapshotPush":        model.SnapshotPush{},
 	} {
 		schema, ok := doc.Components.Schemas[name]
 		if !ok {

@@ -501,28 +501,53 @@ func (g *guardTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return g.next.RoundTrip(req)
 }
 
-// registryErr maps a registry answer to an error kind.
-func registryErr(ref string, err error) error {
+// registryErr maps a registry answer to a pull of ref to an error kind.
+func registryErr(ref string, err error) error { return RegistryError("pull "+ref, err) }
+
+// RegistryError maps what a registry answered to doing (e.g. "push REF")
+// to an error kind: unknown names and manifests are errdefs.ErrNotFound,
+// refused credentials errdefs.ErrForbidden, anything else the registry or
+// the network did errdefs.ErrUnavailable.
+func RegistryError(doing string, err error) error {
 	if errors.Is(err, errdefs.ErrUnprocessable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("pull %s: %w", ref, err)
+		return fmt.Errorf("%s: %w", doing, err)
 	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch te.StatusCode {
 		case http.StatusNotFound:
-			return errdefs.Wrap(errdefs.ErrNotFound, err, "pull %s", ref)
+			return errdefs.Wrap(errdefs.ErrNotFound, err, "%s", doing)
 		case http.StatusUnauthorized, http.StatusForbidden:
-			return errdefs.Wrap(errdefs.ErrForbidden, err, "pull %s: the registry refused the credentials (docker config)", ref)
+			return errdefs.Wrap(errdefs.ErrForbidden, err, "%s: the registry refused the credentials (docker config)", doing)
 		}
 		for _, d := range te.Errors {
-			if d.Code == transport.ManifestUnknownErrorCode || d.Code == transport.NameUnknownErrorCode {
-				return errdefs.Wrap(errdefs.ErrNotFound, err, "pull %s", ref)
+			if d.Code == transport.ManifestUnknownErrorCode || d.Code == transport.NameUnknownErrorCode || d.Code == transport.BlobUnknownErrorCode {
+				return errdefs.Wrap(errdefs.ErrNotFound, err, "%s", doing)
 			}
 		}
-		return errdefs.Wrap(errdefs.ErrUnavailable, err, "pull %s", ref)
+		return errdefs.Wrap(errdefs.ErrUnavailable, err, "%s", doing)
 	}
 	if strings.Contains(err.Error(), "no child with platform") {
-		return errdefs.Wrap(errdefs.ErrUnprocessable, err, "pull %s", ref)
+		return errdefs.Wrap(errdefs.ErrUnprocessable, err, "%s", doing)
 	}
-	return errdefs.Wrap(errdefs.ErrUnavailable, err, "pull %s", ref)
+	return errdefs.Wrap(errdefs.ErrUnavailable, err, "%s", doing)
+}
+
+// Remote parses ref as this store's pulls do (a registry named insecure is
+// reached over plain HTTP) and returns the options that reach its
+// registry as pulls do: credentials from the docker config, plain HTTP
+// only to registries named insecure. The registry cache is not used:
+// these options serve pushes and artifacts other than images. ctx bounds
+// every request made with them.
+func (s *Store) Remote(ctx context.Context, ref string) (name.Reference, []remote.Option, error) {
+	r, err := s.parsePullRef(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		remote.WithTransport(&guardTransport{insecure: s.opts.Registries.Insecure, next: registryTransport}),
+		remote.WithUserAgent("agentjail"),
+	}, nil
 }

@@ -161,13 +161,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 		return nil, err
 	}
 	ok := false
-	defer func() {
-		if !ok {
-			if err := store.Remove(sid); err != nil {
-				m.log.Error("removing a failed snapshot", "snapshot", sid, "err", err)
-			}
-		}
-	}()
+	defer m.removeUnless(&ok, sid, "a failed snapshot")
 	snap := &model.Snapshot{
 		ID: sid, Name: name, Tenant: tenant.Of(j.Tenant), JailID: j.ID, JailName: j.Name, Mode: mode,
 		Parent: model.Lineage{Kind: model.LineageJail, ID: j.ID, Name: j.Name},
@@ -209,6 +203,16 @@ func (m *Manager) Snapshot(ctx context.Context, ref string, req model.SnapshotRe
 	}
 	ok = true
 	return snap, nil
+}
+
+// removeUnless removes snapshot sid, being made, unless *kept: the
+// deferred cleanup of a failed snapshot or pull (what names it in the log).
+func (m *Manager) removeUnless(kept *bool, sid, what string) {
+	if !*kept {
+		if err := m.snaps.store.Remove(sid); err != nil {
+			m.log.Error("removing "+what, "snapshot", sid, "err", err)
+		}
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

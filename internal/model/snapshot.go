@@ -65,6 +65,57 @@ type Snapshot struct {
 	// the jail's processes (full) or filesystem (fs) were frozen.
 	DurationMs float64 `json:"duration_ms"`
 	FrozenMs   float64 `json:"frozen_ms"`
+	// Source says where a pulled snapshot came from (absent for a
+	// snapshot taken here).
+	Source *SnapshotSource `json:"source,omitempty"`
+}
+
+// SnapshotSource is the registry artifact a snapshot was pulled from.
+type SnapshotSource struct {
+	// Ref is the artifact's reference, with its digest.
+	Ref string `json:"ref"`
+	// Digest is the artifact's manifest digest.
+	Digest string `json:"digest"`
+	// ID is the snapshot's id on the daemon that pushed it.
+	ID string `json:"id"`
+	// Bytes is the size of the artifact's blobs; DurationMs how long the
+	// pull took.
+	Bytes      int64     `json:"bytes"`
+	DurationMs float64   `json:"duration_ms"`
+	PulledAt   time.Time `json:"pulled_at"`
+}
+
+// SnapshotPushRequest is the body of POST /snapshots/{sid}/push.
+type SnapshotPushRequest struct {
+	// Ref is the artifact's reference: registry/repository:tag.
+	Ref string `json:"ref"`
+}
+
+// SnapshotPullRequest is the body of POST /snapshots/pull.
+type SnapshotPullRequest struct {
+	// Ref is the artifact's reference (a tag or a digest).
+	Ref string `json:"ref"`
+	// Name of the new snapshot (default: the pushed snapshot's name).
+	Name string `json:"name,omitempty"`
+}
+
+// SnapshotPush is the answer to POST /snapshots/{sid}/push.
+type SnapshotPush struct {
+	// Ref is the artifact's reference with its digest
+	// (registry/repository@sha256:...): a pull of it gets exactly this.
+	Ref string `json:"ref"`
+	// Digest is the artifact's manifest digest.
+	Digest string `json:"digest"`
+	// Bytes is the size of the artifact's blobs (compressed); FilesBytes
+	// and DiskBytes the sizes of the snapshot's files and disk image
+	// (holes included) before compression.
+	Bytes      int64 `json:"bytes"`
+	FilesBytes int64 `json:"files_bytes"`
+	DiskBytes  int64 `json:"disk_bytes"`
+	// DurationMs is how long the push took.
+	DurationMs float64 `json:"duration_ms"`
+	// Snapshot is the snapshot pushed.
+	Snapshot *Snapshot `json:"snapshot"`
 }
 
 // SnapshotRequest is the body of POST /jails/{id}/snapshot.

@@ -28,9 +28,10 @@ import (
 	"github.com/agentjail/agentjail/internal/model"
 )
 
-// metadataName is the record of a snapshot in its directory; a directory
-// without one is a snapshot that was never completed.
-const metadataName = "metadata.json"
+// RecordFile is the record of a snapshot in its directory; a directory
+// without one is a snapshot that was never completed (or, for a snapshot
+// being pulled, not yet complete).
+const RecordFile = "metadata.json"
 
 // Store is the snapshots of one data dir. Its methods are safe for
 // concurrent use on different ids; the caller serialises use of one id.
@@ -61,7 +62,7 @@ func (s *Store) Sweep() error {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
 	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(s.dir, d.Name(), metadataName)); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(s.dir, d.Name(), RecordFile)); errors.Is(err, fs.ErrNotExist) {
 			if err := s.Remove(d.Name()); err != nil {
 				return err
 			}
@@ -73,7 +74,7 @@ func (s *Store) Sweep() error {
 	}
 	for _, f := range imgs {
 		sid := strings.TrimSuffix(f.Name(), ".img")
-		if _, err := os.Stat(filepath.Join(s.dir, sid, metadataName)); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(s.dir, sid, RecordFile)); errors.Is(err, fs.ErrNotExist) {
 			if err := os.Remove(filepath.Join(s.images, f.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("snapshot store: %w", err)
 			}
@@ -140,7 +141,7 @@ func (s *Store) Save(snap *model.Snapshot) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(s.Dir(snap.ID), metadataName), data, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(s.Dir(snap.ID), RecordFile), data, 0o600); err != nil {
 		return fmt.Errorf("snapshot %s: %w", snap.ID, err)
 	}
 	return nil
@@ -152,7 +153,7 @@ func (s *Store) Get(sid string) (*model.Snapshot, error) {
 	if err := checkID(sid); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(filepath.Join(s.Dir(sid), metadataName))
+	data, err := os.ReadFile(filepath.Join(s.Dir(sid), RecordFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errdefs.NotFoundf("no snapshot with id %q", sid)
 	}
@@ -201,7 +202,7 @@ func (s *Store) Remove(sid string) error {
 	if err := checkID(sid); err != nil {
 		return err
 	}
-	if err := os.Remove(filepath.Join(s.Dir(sid), metadataName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(filepath.Join(s.Dir(sid), RecordFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove snapshot %s: %w", sid, err)
 	}
 	if err := os.Remove(s.Image(sid)); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -39,6 +39,8 @@ type Service struct {
 	Stops []time.Duration
 	// snaps holds the snapshots (snapshots.go), by id.
 	snaps map[string]*fakeSnapshot
+	// pushed holds the snapshots pushed to registries, by reference.
+	pushed map[string]*fakeSnapshot
 	// recordings are those added with AddRecording, by id.
 	recordings map[string]fakeRecording
 }

@@ -247,3 +247,44 @@ func (s *Service) SnapshotDiff(ctx context.Context, sid string, text bool) (*mod
 	}
 	return s.Diff(ctx, sid, sn.s.JailID, text)
 }
+
+// PushSnapshot keeps a copy of the snapshot under req.Ref (the fake's
+// registry is in memory).
+func (s *Service) PushSnapshot(_ context.Context, sid string, req model.SnapshotPushRequest) (*model.SnapshotPush, error) {
+	if req.Ref == "" {
+		return nil, errdefs.Invalidf("ref: required")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn, err := s.snapshot(sid)
+	if err != nil {
+		return nil, err
+	}
+	if s.pushed == nil {
+		s.pushed = map[string]*fakeSnapshot{}
+	}
+	s.pushed[req.Ref] = &fakeSnapshot{s: sn.s, files: copyFiles(sn.files)}
+	out := sn.s
+	return &model.SnapshotPush{Ref: req.Ref, Digest: "sha256:" + fmt.Sprintf("%064x", len(s.pushed)), Snapshot: &out}, nil
+}
+
+// PullSnapshot makes a new snapshot of what was pushed to req.Ref.
+func (s *Service) PullSnapshot(_ context.Context, req model.SnapshotPullRequest) (*model.Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.pushed[req.Ref]
+	if !ok {
+		return nil, errdefs.NotFoundf("pull %s: no such artifact", req.Ref)
+	}
+	s.next++
+	sid := fmt.Sprintf("s%011x", s.next)
+	sn := &fakeSnapshot{s: p.s, files: copyFiles(p.files)}
+	sn.s.Source = &model.SnapshotSource{Ref: req.Ref, ID: p.s.ID, PulledAt: time.Now().UTC()}
+	sn.s.ID = sid
+	if req.Name != "" {
+		sn.s.Name = req.Name
+	}
+	s.snaps[sid] = sn
+	out := sn.s
+	return &out, nil
+}

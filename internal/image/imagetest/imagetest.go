@@ -303,6 +303,32 @@ func Blob(t testing.TB, l v1.Layer) []byte {
 	return b
 }
 
+// RemoteManifest returns the manifest at ref (an OCI or docker image
+// manifest) as the registry serves it.
+func RemoteManifest(t testing.TB, ref name.Reference) *v1.Manifest {
+	t.Helper()
+	desc, err := remote.Get(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := v1.ParseManifest(bytes.NewReader(desc.Manifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// RemoteBlob returns the bytes of blob d of repo as the registry serves
+// them.
+func RemoteBlob(t testing.TB, repo name.Repository, d v1.Hash) []byte {
+	t.Helper()
+	l, err := remote.Layer(repo.Digest(d.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Blob(t, l)
+}
+
 // DockerArchive writes img as a docker-archive (docker save) tagged tag
 // to a file in dir and returns its path.
 func DockerArchive(t testing.TB, dir, tag string, img v1.Image) string {
