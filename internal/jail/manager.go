@@ -197,6 +197,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := backend.StaticBinary(initBin); err != nil {
+		m.log.Warn("jails of images and virtual machines will not start", "err", err)
+	}
 	lower, err := rootfs.EnsureHost(dataDir)
 	if err != nil {
 		return nil, fmt.Errorf("host rootfs: %w", err)

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/cavaliergopher/cpio"
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/errdefs"
 )
 
 // images makes, once per content, the read-only images machines boot
@@ -219,6 +222,9 @@ func (im *images) erofs(ctx context.Context, kind, root string) (string, error) 
 	out, err := exec.CommandContext(ctx, im.mkfs, "--quiet", "--preserve-mtime", tmp, root).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)
+		if bytes.Contains(bytes.ToLower(out), []byte(unix.ENOSPC.Error())) {
+			return "", errdefs.Wrap(errdefs.ErrNoSpace, err, "build the erofs image of %s in %s: the disk is full: %s", root, im.dir, lastLine(out))
+		}
 		return "", fmt.Errorf("build the erofs image of %s: %w: %s", root, err, lastLine(out))
 	}
 	if err := os.Rename(tmp, path); err != nil {

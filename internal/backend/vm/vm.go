@@ -138,6 +138,9 @@ func New(opts Options) (*Backend, error) {
 			return nil, errdefs.Unavailablef("the guest kernel is not installed (%v); run make setup", err)
 		}
 	}
+	if err := backend.StaticBinary(opts.InitBinary); err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, err, "the machine's init")
+	}
 	mkfs, err := exec.LookPath("mkfs.erofs")
 	if err != nil {
 		return nil, errdefs.Unavailablef("mkfs.erofs is not installed; run make setup")

@@ -2,6 +2,8 @@ package vm
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -14,8 +16,11 @@ import (
 	"time"
 
 	"github.com/cavaliergopher/cpio"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend/vm/vmproto"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/testenv"
 )
 
 func TestMachineArgs(t *testing.T) {
@@ -314,5 +319,37 @@ func TestSessionSilentGuest(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("close did not end an open waiting for a silent guest")
+	}
+}
+
+// TestErofsDiskFull: an image that does not fit on the cache's disk is
+// an error of kind no-space (a 507 for the create that needed it), not
+// an internal error, and leaves no partial image.
+func TestErofsDiskFull(t *testing.T) {
+	testenv.RequireRoot(t)
+	mkfs := testenv.RequireTool(t, "mkfs.erofs")
+	cache := t.TempDir()
+	if err := unix.Mount("tmpfs", cache, "tmpfs", 0, "size=256k"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(cache, unix.MNT_DETACH)
+	tree := t.TempDir()
+	noise := make([]byte, 2<<20)
+	if _, err := rand.Read(noise); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "big"), noise, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	im := &images{dir: cache, mkfs: mkfs, locks: map[string]*sync.Mutex{}, sums: map[string]string{}}
+	_, err := im.erofs(context.Background(), "lower", tree)
+	if !errors.Is(err, errdefs.ErrNoSpace) {
+		t.Fatalf("building an image larger than its disk: %v, want an error of kind %v", err, errdefs.ErrNoSpace)
+	}
+	left, _ := os.ReadDir(cache)
+	for _, e := range left {
+		if strings.HasSuffix(e.Name(), ".erofs") || strings.HasSuffix(e.Name(), ".tmp") {
+			t.Errorf("a partial image is left: %s", e.Name())
+		}
 	}
 }
