@@ -43,6 +43,10 @@
 #     namespace to restore a unix socket bound to a path (the jail's init
 #     and its control socket) failed with EINVAL, and so did the restore.
 #     Helpers now get copies of both;
+#   - memory-merge: given CRIU_MEMORY_MERGE=1, a restore makes the restored
+#     tasks' memory mergeable by the kernel's same-page merging (it sets
+#     PR_SET_MEMORY_MERGE before forking them), so that ksmd shares what
+#     branches of one snapshot hold alike, copy-on-write;
 #   - kdat-cache: CRIU keeps its kernel-feature cache when /run is not a
 #     tmpfs, as on these machines, valid for the boot it was made in, instead
 #     of probing the kernel (and running iptables) at every start.
