@@ -650,11 +650,11 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 		pipes.Close()
 		return 0, fmt.Errorf("restore %s: %w", inst.ID, err)
 	}
-	rc, cctx := b.criuRunc(context.WithoutCancel(ctx), "CRIU_CONFIG_FILE="+conf,
+	rc, cctx := b.criuRunc(context.WithoutCancel(ctx), append([]string{"CRIU_CONFIG_FILE=" + conf,
 		// CRIU built by scripts/build-criu.sh starts the script at
 		// pre-resume only; others start it at every action and it exits.
 		"CRIU_SCRIPT_ACTIONS=pre-resume",
-		"AGENTJAIL_RESTORED="+h.restoredPath, "AGENTJAIL_OBSERVED="+h.observedPath)
+		"AGENTJAIL_RESTORED=" + h.restoredPath, "AGENTJAIL_OBSERVED=" + h.observedPath}, b.restoreEnv()...)...)
 	cctx, cancel := context.WithTimeout(cctx, restoreTimeout)
 	defer cancel()
 	work := filepath.Join(p.dir, restoreWorkDir)

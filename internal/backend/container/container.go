@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -73,14 +74,19 @@ type Options struct {
 	// NoCheckpoint leaves process checkpoints out (a level that takes
 	// them its own way), without probing for CRIU.
 	NoCheckpoint bool
+	// ShareRestoredMemory lets jails restored from one process checkpoint
+	// (restores, branches) share their memory copy-on-write through the
+	// kernel's same-page merging (ksm.go); the first restore starts ksmd.
+	ShareRestoredMemory bool
 }
 
 // Factory returns the factory of the container level: runc (or
 // runtimeBinary), with process checkpoints through criu (empty: found as
-// Options.CRIU says).
-func Factory(runtimeBinary, criu string) backend.Factory {
+// Options.CRIU says), whose restored jails share memory when shareMemory
+// is set (Options.ShareRestoredMemory).
+func Factory(runtimeBinary, criu string, shareMemory bool) backend.Factory {
 	return backend.Factory{Level: config.LevelContainer, New: func(h backend.Host) (backend.Backend, error) {
-		return New(Options{Host: h, RuntimeBinary: runtimeBinary, CRIU: criu})
+		return New(Options{Host: h, RuntimeBinary: runtimeBinary, CRIU: criu, ShareRestoredMemory: shareMemory})
 	}}
 }
 
@@ -94,6 +100,10 @@ type Backend struct {
 	criu string
 	// net attaches jails to the daemon's policed network.
 	net *hostjail.Network
+	// ksmOnce starts ksmd at the first restore; ksmErr says why restored
+	// memory is not shared.
+	ksmOnce sync.Once
+	ksmErr  error
 }
 
 var (
