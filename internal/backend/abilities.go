@@ -71,3 +71,15 @@ type Layered interface {
 	// namespace), when a file of the jail's uid u is owned by shift+u.
 	IDShift(inst Instance) int
 }
+
+// InitKeepAlive is implemented by backends whose jails' init control
+// channel may stay open between calls: the daemon then keeps a few idle
+// connections to each running jail's init (initclient.NewKeepAlive)
+// instead of connecting once per call. A checkpoint that saves init's
+// sockets must ready init first (initclient.ReadyForCheckpoint), which
+// closes them on init's side.
+type InitKeepAlive interface {
+	// KeepInitConnections reports whether connections to the init of the
+	// running jail inst may stay open between calls.
+	KeepInitConnections(inst Instance) bool
+}

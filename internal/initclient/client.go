@@ -3,8 +3,9 @@
 // init's control socket (protocol: internal/initproto), and maps init's
 // errors to internal/errdefs kinds.
 //
-// Every call opens its own connection, so a Client is safe for concurrent
-// use and holds no resources between calls.
+// A Client is safe for concurrent use. One made by New opens a connection
+// per call and holds no resources between calls; one made by NewKeepAlive
+// keeps a few connections open between calls.
 //
 // Deadlines. Nothing a jail does may hang the daemon, and a jail's root
 // may stop its init (or init may be frozen, or starved). Connecting has a
@@ -42,6 +43,7 @@ import (
 // Client talks to one jail's init.
 type Client struct {
 	dialer Dialer
+	pool   *pool // idle keep-alive connections; nil: a connection per call
 	// OnUnresponsive, when set, is called (on its own goroutine) each
 	// time a call finds that init does not answer.
 	OnUnresponsive func(err error)
@@ -130,7 +132,13 @@ type conn struct {
 	c     *Client
 	mu    sync.Mutex
 	timer *time.Timer // the next liveness check; nil once closed
+	idle  bool        // in the pool: no liveness checks
 	dead  error       // set when init did not answer a check
+
+	// keep is set on a keep-alive connection; pending until init
+	// answered the keep-alive request; reused once a request sent on it
+	// that init closes without answering did not run (see exchange).
+	keep, pending, reused bool
 }
 
 // dial connects to init and starts watching its liveness. Failing to
@@ -155,8 +163,8 @@ func (cn *conn) check() {
 	cancel()
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
-	if cn.timer == nil {
-		return // closed meanwhile
+	if cn.timer == nil || cn.idle {
+		return // closed or pooled meanwhile
 	}
 	if errors.Is(err, errdefs.ErrUnresponsive) {
 		cn.dead = err
@@ -176,6 +184,27 @@ func (cn *conn) Close() error {
 	}
 	cn.mu.Unlock()
 	return cn.Conn.Close()
+}
+
+// unwatch stops the liveness checks of a connection going idle; false
+// when it is closed.
+func (cn *conn) unwatch() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.timer == nil {
+		return false
+	}
+	cn.timer.Stop()
+	cn.idle = true
+	return true
+}
+
+// watch starts the liveness checks of a connection taken from the pool.
+func (cn *conn) watch() {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	cn.idle = false
+	cn.timer.Reset(LivenessAfter)
 }
 
 // connError is the error of a long-lived connection that ended:
@@ -322,6 +351,19 @@ func (c *Client) call(ctx context.Context, op string, t initproto.MsgType, req, 
 func (c *Client) request(ctx context.Context, op string, t initproto.MsgType, req, out any, awaitClose bool) (err error) {
 	ctx, span := tracing.Start(ctx, "init."+op)
 	defer func() { tracing.End(span, err) }()
+	if !awaitClose {
+		cn, rt, payload, err := c.start(ctx, op, t, req, false)
+		if err != nil {
+			return err
+		}
+		err = answer(op, rt, payload, out)
+		if rt == initproto.MsgOK || rt == initproto.MsgError {
+			c.put(cn) // init awaits the next request
+		} else {
+			cn.Close()
+		}
+		return err
+	}
 	cn, err := c.dial(ctx)
 	if err != nil {
 		return err
@@ -351,6 +393,11 @@ func readAnswer(ctx context.Context, cn *conn, op string, out any) error {
 	if err != nil {
 		return ioError(ctx, cn, op, err)
 	}
+	return answer(op, rt, payload, out)
+}
+
+// answer decodes an OK frame into out, or an Error frame into its error.
+func answer(op string, rt initproto.MsgType, payload []byte, out any) error {
 	switch rt {
 	case initproto.MsgOK:
 		if out == nil || len(payload) == 0 {

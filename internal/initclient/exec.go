@@ -46,26 +46,20 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 		stderr = io.Discard
 	}
 	req.Stdin = stdin != nil
-	cn, err := c.dial(ctx)
+	// Until the pid is known, cancelling fails the connection's I/O and
+	// closes it, which init treats as a cancellation.
+	cn, t, payload, err := c.start(ctx, "exec", initproto.MsgExec, req, req.Stdin)
 	if err != nil {
 		return initproto.ExitStatus{}, err
 	}
-	defer cn.Close()
-
-	// Until the pid is known, cancelling closes the connection, which init
-	// treats as a cancellation.
-	early := context.AfterFunc(ctx, func() { cn.Close() })
-	if err := initproto.WriteJSON(cn, initproto.MsgExec, req); err != nil {
-		early()
-		return initproto.ExitStatus{}, ioError(ctx, cn, "exec", err)
-	}
-	t, payload, err := cn.read()
-	if !early() {
-		return initproto.ExitStatus{}, ctx.Err()
-	}
-	if err != nil {
-		return initproto.ExitStatus{}, ioError(ctx, cn, "exec", err)
-	}
+	reuse := false
+	defer func() {
+		if reuse {
+			c.put(cn)
+		} else {
+			cn.Close()
+		}
+	}()
 	var started initproto.Started
 	switch t {
 	case initproto.MsgStarted:
@@ -73,6 +67,7 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 			return initproto.ExitStatus{}, err
 		}
 	case initproto.MsgError:
+		reuse = true // init awaits the next request
 		return initproto.ExitStatus{}, decodeError(payload)
 	default:
 		return initproto.ExitStatus{}, unexpected("exec", t)
@@ -81,6 +76,7 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 	if stdin != nil {
 		go sendStdin(cn, stdin)
 	}
+	var writeErr error
 	var killOnce sync.Once
 	kill := func() {
 		killOnce.Do(func() {
@@ -99,8 +95,14 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 	}
 	stop := context.AfterFunc(ctx, kill)
 	defer stop()
+	// release ends the exec on a keep-alive connection, which then carries
+	// the next call, unless the exec was cut short.
+	release := func() {
+		if cn.keep && writeErr == nil && stop() {
+			reuse = initproto.WriteFrame(cn, initproto.MsgRelease, nil) == nil
+		}
+	}
 
-	var writeErr error
 	for {
 		t, payload, err := cn.read()
 		if err != nil {
@@ -136,6 +138,7 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 			if ctx.Err() != nil {
 				return st, ctx.Err()
 			}
+			release()
 			return st, writeErr
 		case initproto.MsgError:
 			return initproto.ExitStatus{Pid: started.Pid}, decodeError(payload)

@@ -111,7 +111,8 @@ func newEnvRecording(t testing.TB, record bool, blocked ...string) *testEnv {
 		}
 	}()
 	e.srv = srv
-	e.c = initclient.New(initclient.UnixSocket(e.sock))
+	e.c = initclient.NewKeepAlive(initclient.UnixSocket(e.sock), 4)
+	t.Cleanup(func() { e.c.Close() })
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -223,6 +223,10 @@ func (r *fsRoot) statFollow(p string) (*unix.Stat_t, error) {
 // exec runs one command for a connection: it answers Started (or an
 // error), streams output, feeds stdin, and ends with Exit.
 func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
+	if c.keep && (req.PTY != nil || req.Detach || req.Stdin) {
+		c.broken = true
+		return newError(initproto.KindInvalid, "", "an exec with a terminal, a stdin stream or detach needs a connection of its own, not a keep-alive one")
+	}
 	if req.PTY != nil {
 		return s.startSession(c, req)
 	}
@@ -424,7 +428,7 @@ func (ex *execution) run() {
 	pumps.Add(2)
 	go ex.pump(ex.stdout, initproto.MsgStdout, &pumps)
 	go ex.pump(ex.stderr, initproto.MsgStderr, &pumps)
-	readerDone := make(chan struct{})
+	readerDone := make(chan bool, 1)
 	go ex.readClient(readerDone)
 	status, res, shimOK := ex.await(ex.waitExit, &pumps)
 	if ex.stdin != nil {
@@ -440,10 +444,20 @@ func (ex *execution) run() {
 	// snapshot) sees the pool as the command left it.
 	s.releaseShim(ex.sh, res, shimOK)
 	if !ex.connDead.Load() {
-		_ = ex.c.sendJSON(initproto.MsgExit, status)
+		if err := ex.c.sendJSON(initproto.MsgExit, status); err != nil {
+			ex.connDead.Store(true)
+		}
 	}
-	ex.c.c.Close()
-	<-readerDone
+	// A keep-alive connection carries the next request once the client
+	// released it (readClient returns at its MsgRelease); any other is
+	// done.
+	if !ex.c.keep || ex.connDead.Load() {
+		ex.c.broken = true
+		ex.c.c.Close()
+	}
+	if released := <-readerDone; !released {
+		ex.c.broken = true
+	}
 }
 
 // await waits for the command's exit with wait, killing the command when
@@ -584,11 +598,14 @@ func drain(f *os.File, buf []byte, emit func([]byte)) {
 	})
 }
 
-// readClient reads the client's stream frames: stdin data and its end. A
-// client that goes away before Exit gets the command tree killed.
-func (ex *execution) readClient(done chan<- struct{}) {
+// readClient reads the client's stream frames: stdin data and its end,
+// and on a keep-alive connection the release that ends the exec. A
+// client that goes away before Exit gets the command tree killed. It
+// sends on done whether the client released the connection.
+func (ex *execution) readClient(done chan<- bool) {
+	released := false
+	defer func() { done <- released }()
 	defer recoverPanic(ex.srv.log, "exec client reader")
-	defer close(done)
 	stdinOpen := ex.stdin != nil
 	for {
 		t, payload, err := ex.c.read()
@@ -599,6 +616,12 @@ func (ex *execution) readClient(done chan<- struct{}) {
 			return
 		}
 		switch t {
+		case initproto.MsgRelease:
+			if ex.c.keep {
+				released = true
+				return
+			}
+			ex.srv.log.Printf("exec pid %d: ignoring %s frame", ex.pid, t)
 		case initproto.MsgStdin:
 			if !stdinOpen {
 				continue

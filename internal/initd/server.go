@@ -72,7 +72,9 @@ type Server struct {
 	ended        map[int]endedProc // how recent detached commands and sessions ended
 	listeners    map[net.Listener]struct{}
 	conns        map[net.Conn]struct{}
-	connClosed   chan struct{} // closed (and replaced) whenever a connection ends
+	connClosed   chan struct{}      // closed (and replaced) whenever a connection ends
+	idle         map[*conn]struct{} // keep-alive connections awaiting a request
+	quiescing    int                // checkpoint preparations under way: no connection stays open
 	closing      bool
 	prewarm      sync.Once
 	shutdown     sync.Once
@@ -144,6 +146,7 @@ func NewServer(opts Options) (*Server, error) {
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[net.Conn]struct{}),
 		connClosed:   make(chan struct{}),
+		idle:         make(map[*conn]struct{}),
 		shutdownDone: make(chan struct{}),
 	}
 	s.shims = &shimPool{
@@ -296,6 +299,11 @@ type conn struct {
 	r   *bufio.Reader
 	wmu sync.Mutex
 	buf []byte
+	// keep is set on a keep-alive connection (initproto.MsgKeepAlive).
+	keep bool
+	// broken is set when an operation left the connection unfit for the
+	// next request (a stream cut midway); the handler then closes it.
+	broken bool
 }
 
 // send writes one frame; safe for concurrent use.
@@ -342,7 +350,8 @@ const connReadBuffer = 4 << 10
 // request frame.
 const requestTimeout = 30 * time.Second
 
-// handle serves one connection.
+// handle serves one connection: one operation, or on a keep-alive
+// connection one after another.
 func (s *Server) handle(nc net.Conn) {
 	defer s.handlers.Done()
 	defer func() {
@@ -357,6 +366,7 @@ func (s *Server) handle(nc net.Conn) {
 	// (frames larger than it are read into buf directly), and buf grows
 	// to the largest frame the connection carries.
 	c := &conn{c: nc, r: bufio.NewReaderSize(nc, connReadBuffer)}
+	defer s.dropIdle(c)
 	defer func() {
 		if v := recover(); v != nil {
 			s.log.Printf("connection handler panic: %v\n%s", v, debug.Stack())
@@ -370,17 +380,109 @@ func (s *Server) handle(nc net.Conn) {
 			return
 		}
 	}
-	nc.SetReadDeadline(time.Now().Add(requestTimeout))
+	for {
+		t, payload, ok := s.nextRequest(c)
+		if !ok {
+			return
+		}
+		switch {
+		case t == initproto.MsgKeepAlive && !c.keep:
+			c.keep = true
+			if err := c.sendJSON(initproto.MsgOK, nil); err != nil {
+				return
+			}
+			continue
+		case t == initproto.MsgRelease && c.keep:
+			continue // the end of an exec that could not start
+		case c.keep && !keepAliveOp(t):
+			_ = c.sendErr(newError(initproto.KindInvalid, "", "a %s request needs a connection of its own, not a keep-alive one", t))
+			return
+		}
+		if err := s.dispatch(c, t, payload); err != nil {
+			_ = c.sendErr(err)
+		}
+		if !c.keep || c.broken {
+			return
+		}
+	}
+}
+
+// keepAliveOp reports whether a request of type t may be sent on a
+// keep-alive connection (an exec is checked further by exec).
+func keepAliveOp(t initproto.MsgType) bool {
+	switch t {
+	case initproto.MsgPing, initproto.MsgSignal, initproto.MsgKill, initproto.MsgList, initproto.MsgSessions,
+		initproto.MsgInput, initproto.MsgSetSize, initproto.MsgStat, initproto.MsgReadDir, initproto.MsgMkdir,
+		initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess, initproto.MsgShims, initproto.MsgExec:
+		return true
+	}
+	return false
+}
+
+// nextRequest reads the connection's next request frame. A keep-alive
+// connection waits for it as an idle connection, which a checkpoint's
+// preparation closes (see quiesce): a request read from a connection
+// closed meanwhile is dropped unanswered, so that a client may send it
+// again elsewhere. ok is false when the connection is to be closed.
+func (s *Server) nextRequest(c *conn) (t initproto.MsgType, payload []byte, ok bool) {
+	timeout := requestTimeout
+	if c.keep {
+		s.mu.Lock()
+		if s.quiescing > 0 || s.closing {
+			s.mu.Unlock()
+			return 0, nil, false
+		}
+		s.idle[c] = struct{}{}
+		s.mu.Unlock()
+		timeout = initproto.IdleTimeout
+	}
+	c.c.SetReadDeadline(time.Now().Add(timeout))
 	t, payload, err := c.read()
+	if c.keep && !s.takeIdle(c) {
+		return 0, nil, false
+	}
 	if err != nil {
-		if !errors.Is(err, io.EOF) {
+		if !errors.Is(err, io.EOF) && !c.keep {
 			s.log.Printf("read request: %v", err)
 		}
-		return
+		return 0, nil, false
 	}
-	nc.SetReadDeadline(time.Time{})
-	if err := s.dispatch(c, t, payload); err != nil {
-		_ = c.sendErr(err)
+	c.c.SetReadDeadline(time.Time{})
+	return t, payload, true
+}
+
+// takeIdle takes c out of the idle connections, reporting whether it was
+// still there (not closed by a checkpoint's preparation).
+func (s *Server) takeIdle(c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.idle[c]
+	delete(s.idle, c)
+	return ok
+}
+
+// dropIdle forgets c as an idle connection.
+func (s *Server) dropIdle(c *conn) {
+	s.mu.Lock()
+	delete(s.idle, c)
+	s.mu.Unlock()
+}
+
+// quiesce closes the keep-alive connections awaiting a request, and makes
+// the others close after their operation, until the returned function is
+// called.
+func (s *Server) quiesce() (done func()) {
+	s.mu.Lock()
+	s.quiescing++
+	for c := range s.idle {
+		delete(s.idle, c)
+		c.c.Close()
+	}
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		s.quiescing--
+		s.mu.Unlock()
 	}
 }
 
@@ -527,11 +629,17 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 		if err := initproto.Decode(t, payload, &req); err != nil {
 			return newError(initproto.KindInvalid, "", "%v", err)
 		}
+		if req.Checkpoint && c.keep {
+			c.broken = true
+			return newError(initproto.KindInvalid, "", "readying for a checkpoint needs a connection of its own, not a keep-alive one")
+		}
 		if req.Idle {
 			s.shims.fill()
 		} else {
 			s.shims.drain(shimDrainTimeout)
 			if req.Checkpoint {
+				done := s.quiesce()
+				defer done()
 				ans := initproto.ShimsAnswer{OpenConnections: s.awaitOnlyConn(c.c, quiesceTimeout)}
 				s.mu.Lock()
 				ans.Terminals = len(s.sessions)

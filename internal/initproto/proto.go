@@ -11,8 +11,9 @@
 //
 // # Connections
 //
-// A connection carries exactly one operation. The client sends one request
-// frame (a Msg* request type below), then the operation proceeds:
+// A connection carries one operation, unless it is a keep-alive
+// connection (below). The client sends one request frame (a Msg* request
+// type below), then the operation proceeds:
 //
 //   - Ping, Signal, Kill, List, Sessions, Stat, ReadDir, Mkdir, Remove,
 //     Rename, Access: init answers with one MsgOK frame (JSON result,
@@ -30,6 +31,29 @@
 //   - WriteFile: init answers MsgOK (empty: ready) or MsgError; after MsgOK
 //     the client streams MsgData frames ended by MsgEOF, and init answers
 //     MsgOK (JSON FileInfo of the written file) or MsgError.
+//
+// # Keep-alive connections
+//
+// A connection whose first frame is MsgKeepAlive (empty payload) carries
+// operations one after another, so that the daemon does not connect once
+// per call. Init answers MsgOK, then reads the next request after each
+// operation ends. The client may send its first request right behind
+// MsgKeepAlive without waiting: an init that predates keep-alive answers
+// MsgError and closes the connection without reading further. Only the
+// operations answered by one frame (Ping, Signal, Kill, List, Sessions,
+// Shims without Checkpoint, Input, SetSize, Stat, ReadDir, Mkdir, Remove,
+// Rename, Access) and an Exec without a stdin stream, terminal or Detach
+// may be sent on it;
+// another request is answered MsgError and the connection closed. An Exec
+// on a keep-alive connection ends with the client's MsgRelease after init's
+// MsgExit (init ignores a MsgRelease where it awaits a request, as after
+// an exec that could not start); closing the connection before MsgExit
+// kills the command as on any connection. Init closes a keep-alive
+// connection only between operations, before reading a request (when a
+// checkpoint is being prepared, see MsgShims, or after IdleTimeout
+// without a request): a request sent on a connection that init closed
+// without answering anything was not run, and may be sent again on a new
+// connection.
 //
 // # Terminal sessions
 //
@@ -87,6 +111,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"time"
 )
 
 // In-jail paths of init's binary and control directory.
@@ -131,6 +156,7 @@ const (
 	MsgInput     MsgType = 0x09 // InputRequest
 	MsgSetSize   MsgType = 0x0a // SizeRequest
 	MsgWatch     MsgType = 0x0b // WatchRequest
+	MsgKeepAlive MsgType = 0x0c // empty payload; the connection carries operations one after another
 	MsgStat      MsgType = 0x10 // PathRequest; OK carries FileInfo
 	MsgReadDir   MsgType = 0x11 // PathRequest; OK carries []FileInfo
 	MsgReadFile  MsgType = 0x12 // PathRequest
@@ -147,6 +173,7 @@ const (
 	MsgStdinClose MsgType = 0x21 // empty: close the process's stdin
 	MsgResize     MsgType = 0x22 // ResizeRequest
 	MsgPTYSignal  MsgType = 0x23 // SignalRequest to a terminal's foreground process group
+	MsgRelease    MsgType = 0x24 // empty: a keep-alive connection's exec ended, the next request follows
 )
 
 // Types sent in either direction within an operation.
@@ -164,6 +191,10 @@ const (
 	MsgStderr  MsgType = 0x44 // raw bytes of the process's stderr
 	MsgExit    MsgType = 0x45 // ExitStatus
 )
+
+// IdleTimeout is how long init keeps a keep-alive connection that
+// carries no request open.
+const IdleTimeout = 5 * time.Minute
 
 // HeaderSize is the size of a frame header.
 const HeaderSize = 5
@@ -187,8 +218,8 @@ var msgNames = map[MsgType]string{
 	MsgList: "list", MsgSessions: "sessions", MsgShims: "shims", MsgInput: "input", MsgSetSize: "set-size", MsgWatch: "watch", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
 	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgRemove: "remove", MsgRename: "rename",
 	MsgAccess: "access", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
-	MsgPTYSignal: "pty-signal",
-	MsgData:      "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",
+	MsgPTYSignal: "pty-signal", MsgKeepAlive: "keep-alive", MsgRelease: "release",
+	MsgData: "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",
 	MsgStdout: "stdout", MsgStderr: "stderr", MsgExit: "exit",
 }
 

@@ -233,7 +233,8 @@ type KillRequest struct {
 // that saves its sockets (CRIU): it also waits until every other control
 // connection has closed (a connection init accepted is a socket of the
 // daemon's network namespace, which such a checkpoint cannot save) or a
-// short wait has passed, answers a ShimsAnswer, and closes this connection
+// short wait has passed, closing the keep-alive connections that await a
+// request meanwhile, and those whose operation ends while it waits, answers a ShimsAnswer, and closes this connection
 // right after its answer.
 type ShimsRequest struct {
 	Idle       bool `json:"idle"`

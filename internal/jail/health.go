@@ -38,9 +38,35 @@ func (m *Manager) client(e *entry, b backend.Backend, inst backend.Instance) (*i
 			"jail %s: its init has not answered since %s; stop or destroy the jail, or wait for it to answer again",
 			name, h.since.Format(time.RFC3339))
 	}
-	c := m.control(b, inst)
-	c.OnUnresponsive = func(err error) { m.markUnresponsive(e, err) }
-	return c, nil
+	if ka, ok := b.(backend.InitKeepAlive); !ok || !ka.KeepInitConnections(inst) {
+		c := m.control(b, inst)
+		c.OnUnresponsive = func(err error) { m.markUnresponsive(e, err) }
+		return c, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ctl == nil || e.ctlPid != e.rec.Pid {
+		if e.ctl != nil {
+			e.ctl.Close()
+		}
+		e.ctl, e.ctlPid = initclient.NewKeepAlive(b.InitDialer(inst), idleInitConns), e.rec.Pid
+		e.ctl.OnUnresponsive = func(err error) { m.markUnresponsive(e, err) }
+	}
+	return e.ctl, nil
+}
+
+// idleInitConns is how many idle connections to each running jail's init
+// the manager keeps open (for backends that allow it).
+const idleInitConns = 4
+
+// dropControl closes the idle connections of the jail's kept init client
+// once its run ended (or changed); the next call makes a new client.
+// Called with e.mu held.
+func (e *entry) dropControl() {
+	if e.ctl != nil && (e.rec.Status != model.StateRunning || e.rec.Pid != e.ctlPid) {
+		e.ctl.Close()
+		e.ctl = nil
+	}
 }
 
 // markUnresponsive records that the running jail's init does not answer

@@ -28,6 +28,7 @@ import (
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image"
+	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netpolicy"
 	"github.com/agentjail/agentjail/internal/observe"
@@ -145,6 +146,10 @@ type entry struct {
 	obs *observation
 	// health says whether the running jail's init answers.
 	health health
+	// ctl is the client of the running jail's init (pid ctlPid) that keeps
+	// connections open, for backends that allow it; see Manager.client.
+	ctl    *initclient.Client
+	ctlPid int
 }
 
 // view is the jail as the API shows it: credential values redacted, and
@@ -421,6 +426,7 @@ func (m *Manager) persist(e *entry) error {
 func (m *Manager) setState(e *entry, f func(j *model.Jail)) {
 	e.mu.Lock()
 	f(&e.rec)
+	e.dropControl()
 	e.mu.Unlock()
 	if err := m.persist(e); err != nil {
 		m.log.Error("persisting jail state", "jail", e.rec.ID, "err", err)
@@ -813,6 +819,7 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 	}
 	e.mu.Lock()
 	e.rec.Status = model.StateDestroyed
+	e.dropControl()
 	e.mu.Unlock()
 	m.forget(e)
 	return nil

@@ -107,11 +107,12 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend      = (*Backend)(nil)
-	_ backend.Checkpointer = (*Backend)(nil)
-	_ backend.Observable   = (*Backend)(nil)
-	_ backend.OOMReporter  = (*Backend)(nil)
-	_ backend.Layered      = (*Backend)(nil)
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.Checkpointer  = (*Backend)(nil)
+	_ backend.Observable    = (*Backend)(nil)
+	_ backend.OOMReporter   = (*Backend)(nil)
+	_ backend.Layered       = (*Backend)(nil)
+	_ backend.InitKeepAlive = (*Backend)(nil)
 )
 
 // New returns the container backend. It fails with errdefs.ErrUnavailable
@@ -824,6 +825,11 @@ func (b *Backend) Layers(inst backend.Instance) (string, string, error) {
 func (b *Backend) InitDialer(inst backend.Instance) initclient.Dialer {
 	return initclient.UnixSocket(filepath.Join(b.paths(inst).control, initproto.SocketName))
 }
+
+// KeepInitConnections implements backend.InitKeepAlive: init's control
+// socket is a host unix socket, and Checkpoint readies init (which
+// closes the idle connections) before CRIU saves it.
+func (b *Backend) KeepInitConnections(backend.Instance) bool { return true }
 
 // Observe implements backend.Observable: runc puts every process of the
 // jail in the cgroup v2 directory of the jail's cgroupsPath.
