@@ -39,6 +39,8 @@ func TestCluster(t *testing.T) {
 	t.Run("Manifests", e.testManifests)
 	t.Run("Pods", e.testPods)
 	t.Run("Sandbox", e.testSandbox)
+	t.Run("E2B", e.testE2B)
+	t.Run("Console", e.testConsole)
 	t.Run("NodeLost", e.testNodeLost)
 }
 

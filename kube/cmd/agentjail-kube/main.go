@@ -230,7 +230,7 @@ func gatewayCmd() *cobra.Command {
 	var kubeconfig, listen string
 	cmd := &cobra.Command{
 		Use:   "gateway",
-		Short: "serve the agentjail API for every jail of the cluster (/jails/NAMESPACE.NAME/...), forwarding to the jail's node",
+		Short: "serve the agentjail API, the E2B-compatible API and the web console for every jail of the cluster, forwarding to the jail's node",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -242,7 +242,7 @@ func gatewayCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			srv := &http.Server{Handler: &gateway.Gateway{Client: cs, Log: log}, ReadHeaderTimeout: 30 * time.Second}
+			srv := &http.Server{Handler: gateway.New(cs, log), ReadHeaderTimeout: 30 * time.Second}
 			go func() {
 				<-cmd.Context().Done()
 				_ = srv.Close()

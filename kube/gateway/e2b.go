@@ -1,0 +1,203 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// e2bPrefix is where the daemons serve the E2B-compatible API: the SDK's
+// E2B_API_URL is GATEWAY/e2b and E2B_SANDBOX_URL GATEWAY/e2b/envd.
+const e2bPrefix = "/e2b"
+
+// maxE2BBody bounds a create's body, which the gateway reads to find a
+// snapshot template's node (the daemon's own bound is 1 MiB).
+const maxE2BBody = 1 << 20
+
+// maxPresignedUpload bounds the body of a presigned upload: it is kept to
+// be offered to each node in turn.
+const maxPresignedUpload = 256 << 20
+
+// e2b routes the E2B-compatible API: the sandbox plane by the
+// E2b-Sandbox-Id header, the control plane by the sandbox id in the path;
+// creates are placed, lists gathered.
+func (g *Gateway) e2b(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, e2bPrefix)
+	seg := strings.Split(strings.TrimPrefix(rest, "/"), "/")
+	switch {
+	case seg[0] == "envd":
+		// A sandbox answers its health only while it runs: the daemon
+		// that holds a running sandbox says 204.
+		id := r.Header.Get("E2b-Sandbox-Id")
+		g.located(w, r, "e2b/"+id, e2bPrefix+"/envd/health", http.Header{"E2b-Sandbox-Id": {id}})
+	case r.Method == http.MethodPost && (rest == "/v2/sandboxes" || rest == "/sandboxes"):
+		g.e2bCreate(w, r)
+	case r.Method == http.MethodGet && (rest == "/v2/sandboxes" || rest == "/sandboxes"):
+		g.gather(w, r, r.URL.Path, learnSandboxes)
+	case r.Method == http.MethodGet && rest == "/snapshots":
+		g.gather(w, r, r.URL.Path, nil)
+	case r.Method == http.MethodDelete && len(seg) == 2 && seg[0] == "templates":
+		n, ok := g.snapshotNode(w, r, seg[1])
+		if ok {
+			g.forward(w, r, n, r.URL.Path, "")
+		}
+	case len(seg) >= 2 && seg[0] == "sandboxes", len(seg) >= 3 && seg[0] == "v2" && seg[1] == "sandboxes":
+		id := seg[1]
+		if seg[0] == "v2" {
+			id = seg[2]
+		}
+		g.located(w, r, "e2b/"+id, e2bPrefix+"/sandboxes/"+id, nil)
+	default:
+		g.anyNode(w, r)
+	}
+}
+
+// e2bCreate places a new sandbox: from a snapshot (templateID names one of
+// the caller's snapshots) on the snapshot's node, else on the next ready
+// node.
+func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxE2BBody+1))
+	if err != nil {
+		writeE2BError(w, http.StatusBadRequest, "reading the body: "+err.Error())
+		return
+	}
+	if len(body) > maxE2BBody {
+		writeE2BError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", maxE2BBody))
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	var req struct {
+		TemplateID string `json:"templateID"`
+	}
+	_ = json.Unmarshal(body, &req) // a bad body is the daemon's to refuse
+	if t := req.TemplateID; t != "" && t != "base" {
+		if n, ok := g.snapshotNode(nil, r, t); ok {
+			g.forward(w, r, n, r.URL.Path, "")
+			return
+		}
+	}
+	n, err := g.place(r.Context())
+	if err != nil {
+		g.failE2B(w, err)
+		return
+	}
+	g.forward(w, r, n, r.URL.Path, "")
+}
+
+// snapshotNode finds the node that holds the caller's E2B snapshot id (or
+// name) by asking every node's list. Without one, it returns the first
+// node, whose daemon answers as on one host; it writes an error to w (if
+// set) and reports false when there is no node.
+func (g *Gateway) snapshotNode(w http.ResponseWriter, r *http.Request, id string) (agentNode, bool) {
+	ns, err := g.nodes(r.Context())
+	if err == nil && len(ns) == 0 {
+		err = errNoNode
+	}
+	if err != nil {
+		if w != nil {
+			g.failE2B(w, err)
+		}
+		return agentNode{}, false
+	}
+	for _, a := range g.ask(r.Context(), r, ns, e2bPrefix+"/snapshots") {
+		if a.err != nil || a.status != http.StatusOK {
+			continue
+		}
+		var snaps []struct {
+			SnapshotID string   `json:"snapshotID"`
+			Names      []string `json:"names"`
+		}
+		if json.Unmarshal(a.body, &snaps) != nil {
+			continue
+		}
+		for _, s := range snaps {
+			if s.SnapshotID == id || slices.Contains(s.Names, id) {
+				return a.node, true
+			}
+		}
+	}
+	if w == nil {
+		return agentNode{}, false
+	}
+	n, err := g.first(r.Context())
+	if err != nil {
+		g.failE2B(w, err)
+		return agentNode{}, false
+	}
+	return n, true
+}
+
+// presigned serves the presigned /files URLs the SDK builds (uploadUrl,
+// downloadUrl): they carry a signature but no sandbox id, so each node is
+// offered the request in turn until one does not refuse the signature
+// (401). An upload's body is kept for that, up to maxPresignedUpload.
+func (g *Gateway) presigned(w http.ResponseWriter, r *http.Request) {
+	ns, err := g.nodes(r.Context())
+	if err == nil && len(ns) == 0 {
+		err = errNoNode
+	}
+	if err != nil {
+		g.failE2B(w, err)
+		return
+	}
+	var body []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		body, err = io.ReadAll(io.LimitReader(r.Body, maxPresignedUpload+1))
+		if err != nil {
+			writeE2BError(w, http.StatusBadRequest, "reading the body: "+err.Error())
+			return
+		}
+		if len(body) > maxPresignedUpload {
+			writeE2BError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("through the gateway a presigned upload is at most %d bytes (files.write streams any size)", maxPresignedUpload))
+			return
+		}
+	}
+	for i, n := range ns {
+		last := i == len(ns)-1
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(n.api.String(), "/")+"/files?"+r.URL.RawQuery, bytes.NewReader(body))
+		if err != nil {
+			writeE2BError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		req.Header = r.Header.Clone()
+		req.ContentLength = int64(len(body))
+		// No client deadline: a download streams as long as it takes.
+		res, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			if last {
+				writeE2BError(w, http.StatusBadGateway, "node "+n.name+": "+err.Error())
+				return
+			}
+			continue
+		}
+		if res.StatusCode == http.StatusUnauthorized && !last {
+			res.Body.Close()
+			continue
+		}
+		for k, v := range res.Header {
+			w.Header()[k] = v
+		}
+		w.Header().Set(NodeHeader, n.name)
+		w.WriteHeader(res.StatusCode)
+		_, _ = io.Copy(w, res.Body)
+		res.Body.Close()
+		return
+	}
+}
+
+// failE2B answers err in the E2B API's error shape.
+func (g *Gateway) failE2B(w http.ResponseWriter, err error) {
+	status, _ := g.classify(err)
+	writeE2BError(w, status, err.Error())
+}
+
+// writeE2BError writes an error as the E2B SDK reads it: {"code": status,
+// "message"}.
+func writeE2BError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
