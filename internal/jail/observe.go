@@ -533,10 +533,10 @@ func (a *aggregate) add(ev *observe.Event) {
 			s = &model.SyscallStat{Name: ev.Name(), Nr: int(ev.NR)}
 			a.syscalls[ev.NR] = s
 		}
-		s.Count++
+		s.Count += uint64(ev.Calls())
 		s.TotalNs += ev.DurNS
 		if ev.Ret < 0 && ev.Ret > -4096 {
-			s.Errors++
+			s.Errors += uint64(ev.Calls())
 		}
 	case observe.TypeFile:
 		a.addFile(ev)

@@ -108,7 +108,10 @@ type Event struct {
 	PPID, HostPPID   int32  // proc
 	Comm             string // syscall, file, proc, net
 
-	// syscall
+	// syscall. One event may stand for a run of identical calls of one
+	// task (same number, arguments and return value; see Count): TS is then
+	// the first call's start, LastTS the last one's, DurNS their summed
+	// duration.
 	NR    int32
 	Args  [6]uint64
 	Ret   int64
@@ -121,7 +124,7 @@ type Event struct {
 	// file, proc
 	Op    string // file: open, read, write, close, unlink, ...; proc: fork, exec, exit, restored; net: the record kind (netcap.Op*); jail: unresponsive, responsive
 	Bytes int64  // file: bytes moved by the reads or writes of one open; net: bytes
-	Count int64  // file: number of calls aggregated
+	Count int64  // file: number of calls aggregated; syscall: number of identical calls this event stands for (0 and 1: one)
 	FD    int32  // file: the descriptor, -1 when none
 	Mode  int64  // file: open flags, chmod mode
 
@@ -129,7 +132,7 @@ type Event struct {
 	Dir, Proto, Src, Dst string
 	Packets              uint64 // net: packets the jail sent
 	PacketsIn            uint64 // net: packets the jail received
-	FirstTS, LastTS      int64  // Unix ns
+	FirstTS, LastTS      int64  // Unix ns; syscall: LastTS is the start of the last call of a run
 	// net, from the network policy: how the connection went (via: kernel,
 	// dns, proxy, ...), the name asked for, the verdict and the rule that
 	// decided, HTTP(S) method/path (in Path)/status, bytes received by the
@@ -165,6 +168,9 @@ type Event struct {
 	Message string // notice, jail
 }
 
+// Calls returns the number of calls a syscall event stands for (at least 1).
+func (e *Event) Calls() int64 { return max(e.Count, 1) }
+
 // Name returns the syscall's name for a syscall event ("" when unknown).
 func (e *Event) Name() string { return SyscallName(int(e.NR)) }
 
@@ -197,6 +203,10 @@ func (e *Event) AppendJSON(b []byte) []byte {
 		b = append(b, ']')
 		b = appendIntField(b, "ret", e.Ret)
 		b = appendUintField(b, "dur_ns", e.DurNS)
+		if e.Count > 1 {
+			b = appendIntField(b, "count", e.Count)
+			b = appendIntField(b, "last_ts_ns", e.LastTS)
+		}
 		b = appendOptString(b, "path", e.Path)
 		b = appendOptString(b, "path2", e.Path2)
 		b = appendOptString(b, "addr", e.Addr)

@@ -42,6 +42,15 @@ func TestEventJSONFieldNames(t *testing.T) {
 	if m["name"] != "write" || m["ts"] != float64(1706000000000) {
 		t.Errorf("name %v ts %v", m["name"], m["ts"])
 	}
+	if _, ok := m["count"]; ok {
+		t.Errorf("one call has a count: %v", m)
+	}
+	ev.Count, ev.LastTS = 3, ev.TS+500
+	m = nil
+	json.Unmarshal(ev.AppendJSON(nil), &m)
+	if m["count"] != float64(3) || m["last_ts_ns"] != float64(ev.LastTS) {
+		t.Errorf("run of 3 calls: count %v last_ts_ns %v", m["count"], m["last_ts_ns"])
+	}
 }
 
 func TestSyscallNames(t *testing.T) {

@@ -306,16 +306,16 @@ func (ft *FileTracker) handleSyscall(ev *Event) {
 	case sysRead, sysReadv, sysPread64, sysPreadv, sysPreadv2, sysRecvfrom, sysRecvmsg:
 		if ret > 0 {
 			if of := ft.lookup(ev, int32(a[0])); of != nil {
-				of.rbytes += ret
-				of.rcalls++
+				of.rbytes += ret * ev.Calls()
+				of.rcalls += ev.Calls()
 			}
 		}
 		return
 	case sysWrite, sysWritev, sysPwrite64, sysPwritev, sysPwritev2, sysSendto, sysSendmsg:
 		if ret > 0 {
 			if of := ft.lookup(ev, int32(a[0])); of != nil {
-				of.wbytes += ret
-				of.wcalls++
+				of.wbytes += ret * ev.Calls()
+				of.wcalls += ev.Calls()
 			}
 		}
 		return

@@ -154,3 +154,18 @@ func TestFileTrackerForkExecCloexec(t *testing.T) {
 		t.Errorf("tasks %d, want 2 (process and thread)", s.ft.Tasks())
 	}
 }
+
+// TestFileTrackerCountedCalls: a syscall event standing for a run of
+// identical calls moves its bytes once per call.
+func TestFileTrackerCountedCalls(t *testing.T) {
+	s := newScript()
+	s.proc("exec", 10, 10, func(e *Event) { e.Cwd = "/work" })
+	s.sys(10, "openat", 3, "out.txt", atFDCWDArg, 0, oWronly|oCreat)
+	nr, _ := SyscallNumber("write")
+	ev := Event{Type: TypeSyscall, HostPID: 10, HostTID: 10, PID: 10, TID: 10, NR: int32(nr), Ret: 512, Args: [6]uint64{3, 4096, 512}, Count: 1000}
+	s.ft.Handle(&ev)
+	s.sys(10, "close", 0, "", 3)
+	if got := s.take(); got != "open /work/out.txt; write /work/out.txt 512000; close /work/out.txt" {
+		t.Fatalf("counted writes: %q", got)
+	}
+}

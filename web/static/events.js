@@ -10,6 +10,7 @@ export function summary(e) {
       if (e.path) s += JSON.stringify(e.path) + (e.path2 ? ', ' + JSON.stringify(e.path2) : '');
       else if (e.addr) s += e.addr;
       s += `) = ${e.ret}`;
+      if (e.count > 1) s += ` ×${e.count}`;
       if (e.dur_ns) s += `  ${(e.dur_ns / 1000).toFixed(1)}µs`;
       return s;
     }

@@ -1,11 +1,14 @@
 package bpf
 
 import (
+	"bufio"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -48,20 +51,40 @@ func runTimed(t *testing.T, cg *testCgroup, name string, args ...string) time.Du
 }
 
 // TestBenchDD compares `dd bs=1 count=2000000` untraced (no programs
-// loaded), traced in full mode into JSONL files, and under strace -f.
+// loaded), under the floor (empty programs on sys_enter and sys_exit: what
+// any per-syscall tracing pays before doing anything), traced with a sink
+// that discards (the kernel side and the ring reader alone), traced in full
+// mode into JSONL files, and under strace -f.
 func TestBenchDD(t *testing.T) {
 	requireBench(t)
 	strace := testenv.RequireTool(t, "strace")
 	dd := []string{"if=/dev/zero", "of=/dev/null", "bs=1", "count=" + strconv.Itoa(ddCount)}
 
 	untraced := runTimed(t, newCgroup(t), "dd", dd...)
+	floor := withEmptyPrograms(t, func() time.Duration { return runTimed(t, newCgroup(t), "dd", dd...) })
 
 	tr, err := Open()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
+
+	var discarded, lostDiscard uint64
 	cg := newCgroup(t)
+	if err := tr.Watch(cg.id, "bench-discard", Options{Sink: observe.SinkFunc(func(ev *observe.Event) {
+		discarded++
+		if ev.Type == observe.TypeLost {
+			lostDiscard += ev.Lost
+		}
+	})}); err != nil {
+		t.Fatal(err)
+	}
+	discard := runTimed(t, cg, "dd", dd...)
+	if err := tr.Unwatch(cg.id); err != nil {
+		t.Fatal(err)
+	}
+
+	cg = newCgroup(t)
 	dir := t.TempDir()
 	w, err := observe.OpenWriter(filepath.Join(dir, "events"), observe.WriterOptions{QueueChunks: envInt("AGENTJAIL_BENCH_QUEUE", 0)})
 	if err != nil {
@@ -87,24 +110,59 @@ func TestBenchDD(t *testing.T) {
 	if err := rec.Close(); err != nil {
 		t.Fatal(err)
 	}
-	lines, size := countLines(t, filepath.Join(dir, "events", observe.SyscallsFile))
+	lines, calls, size := countCalls(t, filepath.Join(dir, "events", observe.SyscallsFile))
 
 	straced := time.Duration(0)
 	if os.Getenv("AGENTJAIL_BENCH_STRACE") != "0" {
 		straced = runTimed(t, newCgroup(t), strace, append([]string{"-f", "-o", "/dev/null", "dd"}, dd...)...)
 	}
 
-	t.Logf("dd bs=1 count=%d: untraced %v | traced %v (%.2fx) | strace -f %v (%.1fx)",
-		ddCount, untraced.Round(time.Millisecond), traced.Round(time.Millisecond), float64(traced)/float64(untraced),
-		straced.Round(time.Millisecond), float64(straced)/float64(untraced))
-	t.Logf("traced run: %d syscall lines (%d MB) in syscalls.jsonl, %.2f M events/s to JSONL, drain after exit %v, lost: kernel %d, writer %d",
-		lines, size>>20, float64(lines)/(traced+drain).Seconds()/1e6, drain.Round(time.Millisecond), lostKernel, w.Dropped())
+	ratio := func(d time.Duration) float64 { return float64(d) / float64(untraced) }
+	t.Logf("dd bs=1 count=%d (load average %s): untraced %v | empty programs (floor) %v (%.2fx) | traced, sink discarding %v (%.2fx, lost %d) | traced to JSONL %v (%.2fx) | strace -f %v (%.1fx)",
+		ddCount, loadAvg(), untraced.Round(time.Millisecond), floor.Round(time.Millisecond), ratio(floor),
+		discard.Round(time.Millisecond), ratio(discard), lostDiscard,
+		traced.Round(time.Millisecond), ratio(traced), straced.Round(time.Millisecond), ratio(straced))
+	t.Logf("traced run: %d syscall lines (%d KiB) in syscalls.jsonl standing for %d calls (%.2f M calls/s recorded), drain after exit %v, lost: kernel %d, writer %d",
+		lines, size>>10, calls, float64(calls)/(traced+drain).Seconds()/1e6, drain.Round(time.Millisecond), lostKernel, w.Dropped())
 	if lostKernel != 0 || w.Dropped() != 0 {
 		t.Errorf("events lost: kernel %d, writer %d", lostKernel, w.Dropped())
 	}
-	if lines < 2*ddCount {
-		t.Errorf("%d syscall lines, want at least %d", lines, 2*ddCount)
+	if calls < 2*int64(ddCount) {
+		t.Errorf("%d syscalls recorded, want at least %d", calls, 2*ddCount)
 	}
+}
+
+// withEmptyPrograms runs f with programs that do nothing attached to
+// sys_enter and sys_exit, and returns what f returns.
+func withEmptyPrograms(t *testing.T, f func() time.Duration) time.Duration {
+	t.Helper()
+	empty, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.RawTracepoint, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer empty.Close()
+	for _, tp := range []string{"sys_enter", "sys_exit"} {
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: empty})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+	}
+	return f()
+}
+
+// loadAvg returns the machine's 1-minute load average as text.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }
 
 // sinkWithIdle is a Sink whose Handle and Idle come from different values.
@@ -116,19 +174,32 @@ type sinkWithIdle struct {
 func (s sinkWithIdle) Handle(ev *observe.Event) { s.h(ev) }
 func (s sinkWithIdle) Idle()                    { s.idle.Idle() }
 
-func countLines(t *testing.T, path string) (int, int64) {
+// countCalls reads a syscalls.jsonl file: its lines, the calls they stand
+// for (their counts) and its size.
+func countCalls(t *testing.T, path string) (lines int, calls int64, size int64) {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, c := range data {
-		if c == '\n' {
-			n++
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev struct {
+			Count int64 `json:"count"`
 		}
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("%s line %d: %v", path, lines+1, err)
+		}
+		lines++
+		calls += max(ev.Count, 1)
+		size += int64(len(sc.Bytes())) + 1
 	}
-	return n, int64(len(data))
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return lines, calls, size
 }
 
 // TestBenchHostOverhead measures what a process outside every watched

@@ -10,7 +10,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -74,6 +73,7 @@ type watchState struct {
 	sink     observe.Sink
 	user     [observe.MaxSyscall]bool // syscalls in the jail's syscall stream
 	lostSeen uint64
+	runs     coalescer
 }
 
 // Tracer owns the loaded programs, their links and the ring reader. One
@@ -81,7 +81,7 @@ type watchState struct {
 type Tracer struct {
 	objs  observeObjects
 	links []link.Link
-	rd    *ringbuf.Reader
+	rd    *ring
 	poll  time.Duration
 
 	// mu guards watches and the delivery state below; the reader holds
@@ -158,7 +158,7 @@ func OpenConfig(cfg Config) (*Tracer, error) {
 		}
 		t.links = append(t.links, l)
 	}
-	t.rd, err = ringbuf.NewReader(t.objs.Events)
+	t.rd, err = openRing(t.objs.Events)
 	if err != nil {
 		return nil, notSupported("open ring buffer reader", err)
 	}
@@ -182,7 +182,7 @@ func notSupported(what string, err error) error {
 
 func (t *Tracer) release() {
 	if t.rd != nil {
-		t.rd.Close()
+		t.rd.close()
 	}
 	for i := len(t.links) - 1; i >= 0; i-- {
 		t.links[i].Close()
@@ -191,14 +191,21 @@ func (t *Tracer) release() {
 	t.objs.Close()
 }
 
-// Close stops the reader, detaches and unloads everything. Sinks are not
-// called after Close returns. Closing twice is a no-op.
+// Close stops the reader, delivers the runs of syscalls it held, detaches
+// and unloads everything. Sinks are not called after Close returns. Closing twice is a no-op.
 func (t *Tracer) Close() error {
 	var err error
 	t.closeOnce.Do(func() {
 		close(t.stop)
 		<-t.done
-		err = t.rd.Close()
+		t.mu.Lock()
+		for _, st := range t.watches {
+			if st.sink != nil {
+				st.runs.flush(st.sink)
+			}
+		}
+		t.mu.Unlock()
+		err = t.rd.close()
 		for i := len(t.links) - 1; i >= 0; i-- {
 			err = errors.Join(err, t.links[i].Close())
 		}
@@ -321,6 +328,9 @@ func (t *Tracer) Unwatch(cgroupID uint64) error {
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if st.sink != nil {
+		st.runs.flush(st.sink)
+	}
 	if kernel && kw.Lost > st.lostSeen && st.sink != nil {
 		t.deliverLost(st, kw.Lost)
 	}
@@ -377,79 +387,76 @@ func monoOffset() (int64, bool) {
 }
 
 // run is the reader goroutine. It never blocks in the kernel: while the
-// ring holds data it drains it (epoll_wait with a zero timeout once per
-// drain), and when the ring is empty it sleeps on a Go timer for the poll
-// period. Blocking in epoll_wait instead keeps Go's system monitor polling
-// at a high rate, which on the project's VMs slowed every other process's
-// syscalls by ~0.4 µs; the programs therefore submit without wake-ups.
+// ring holds committed records it drains them, and otherwise it sleeps on a
+// Go timer for the poll period. Blocking in epoll_wait instead keeps Go's
+// system monitor polling at a high rate, which on the project's VMs slowed
+// every other process's syscalls by ~0.4 µs; the programs therefore submit
+// without wake-ups.
 func (t *Tracer) run() {
 	defer close(t.done)
-	var rec ringbuf.Record
-	rec.RawSample = make([]byte, 0, 16<<10)
-	t.rd.SetDeadline(time.Unix(1, 0)) // never wait inside ReadInto
 	timer := time.NewTimer(t.poll)
 	defer timer.Stop()
 	lastIdle := time.Now()
 	var waiting []chan struct{}
 	for {
-		if t.rd.AvailableBytes() == 0 {
-			for _, ch := range waiting {
-				close(ch)
-			}
-			waiting = waiting[:0]
-			if time.Since(lastIdle) >= t.poll {
-				t.idle()
-				lastIdle = time.Now()
-			}
-			timer.Reset(t.poll)
-			select {
-			case <-t.stop:
-				return
-			case ch := <-t.drainReq:
-				waiting = append(waiting, ch)
-			case <-timer.C:
-			}
-			continue
-		}
 		select {
 		case ch := <-t.drainReq:
 			waiting = append(waiting, ch)
 		default:
 		}
-		if err := t.drain(&rec); err != nil {
+		n, err := t.drain()
+		if err != nil {
+			err = fmt.Errorf("observe: read ring buffer: %w", err)
 			t.readErr.Store(&err)
 			for _, ch := range waiting {
 				close(ch)
 			}
 			return
 		}
+		if t.rd.available() == 0 {
+			for _, ch := range waiting {
+				close(ch)
+			}
+			waiting = waiting[:0]
+		}
 		if time.Since(lastIdle) >= t.poll {
 			t.idle()
 			lastIdle = time.Now()
 		}
-	}
-}
-
-// drain delivers the records in the ring, holding t.mu in batches.
-func (t *Tracer) drain(rec *ringbuf.Record) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for n := 0; n < 8192; n++ {
-		err := t.rd.ReadInto(rec)
-		switch {
-		case err == nil:
-			t.dispatch(rec.RawSample)
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			return nil // drained
-		default:
-			return fmt.Errorf("observe: read ring buffer: %w", err)
+		if n > 0 {
+			continue
+		}
+		// Nothing committed: the ring is empty, or its next record is
+		// still being written.
+		timer.Reset(t.poll)
+		select {
+		case <-t.stop:
+			return
+		case ch := <-t.drainReq:
+			waiting = append(waiting, ch)
+		case <-timer.C:
 		}
 	}
-	return nil
 }
 
-// idle polls the lost counters, resynchronises the clock and lets every
-// sink flush.
+// drain delivers up to a batch of committed records, holding t.mu, gives
+// their space back to the kernel and returns how many it delivered.
+func (t *Tracer) drain() (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.rd.release()
+	for n := 0; n < 8192; n++ {
+		raw, err := t.rd.next()
+		if raw == nil {
+			return n, err
+		}
+		t.dispatch(raw)
+	}
+	return 8192, nil
+}
+
+// idle delivers the held runs of syscalls, polls the lost counters,
+// resynchronises the clock and lets every sink flush.
 func (t *Tracer) idle() {
 	t.syncClock()
 	t.mu.Lock()
@@ -459,6 +466,7 @@ func (t *Tracer) idle() {
 		if st.sink == nil {
 			continue
 		}
+		st.runs.flush(st.sink)
 		if t.objs.Watched.Lookup(cg, &kw) == nil && kw.Lost > st.lostSeen {
 			t.deliverLost(st, kw.Lost)
 		}
@@ -493,7 +501,7 @@ func (t *Tracer) dispatch(raw []byte) {
 	if !t.dec.decode(raw, t.monoOff.Load(), st) {
 		return
 	}
-	st.sink.Handle(ev)
+	st.runs.handle(ev, st.sink)
 }
 
 // CgroupID returns the id of the cgroup v2 directory at path (its inode

@@ -65,7 +65,7 @@ func TestSyscallCountsMatchStrace(t *testing.T) {
 	ours := map[string]int{}
 	for _, ev := range fromExec(evs, root) {
 		if ev.Type == observe.TypeSyscall {
-			ours[ev.Name()]++
+			ours[ev.Name()] += int(ev.Calls())
 		}
 	}
 	if len(ours) == 0 {
@@ -114,6 +114,36 @@ var (
 	straceKill = regexp.MustCompile(`^(\d+)\s+\+\+\+ killed by SIG(\w+)`)
 	quoted     = regexp.MustCompile(`"((?:[^"\\]|\\.)*)"`)
 )
+
+// TestRepeatedCallsCounted: a loop of identical calls is recorded as a few
+// counted events, and the counts add up to every call the loop made.
+func TestRepeatedCallsCounted(t *testing.T) {
+	tr := tracer(t)
+	const n = 20000
+	evs, root := traceRun(t, tr, Options{}, "dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count="+strconv.Itoa(n))
+	calls := map[string]int64{}
+	events := map[string]int{}
+	for _, ev := range fromExec(evs, root) {
+		// read(0, buf, 1) = 1 and write(1, buf, 1) = 1
+		if ev.Type == observe.TypeSyscall && ev.Ret == 1 && ev.Args[2] == 1 &&
+			(ev.Name() == "read" && ev.Args[0] == 0 || ev.Name() == "write" && ev.Args[0] == 1) {
+			calls[ev.Name()] += ev.Calls()
+			events[ev.Name()]++
+			if ev.Count > 1 && (ev.LastTS < ev.TS || ev.DurNS == 0) {
+				t.Errorf("run of %d %s: ts %d, last %d, dur %d", ev.Count, ev.Name(), ev.TS, ev.LastTS, ev.DurNS)
+			}
+		}
+	}
+	for _, name := range []string{"read", "write"} {
+		if calls[name] != n {
+			t.Errorf("%s: %d calls recorded, dd made %d", name, calls[name], n)
+		}
+		if events[name] > n/100 {
+			t.Errorf("%s: %d events for %d identical calls", name, events[name], n)
+		}
+	}
+	t.Logf("%d reads and %d writes in %d and %d events", calls["read"], calls["write"], events["read"], events["write"])
+}
 
 func TestProcessTreeMatchesStrace(t *testing.T) {
 	tr := tracer(t)
