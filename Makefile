@@ -19,7 +19,7 @@ BENCHTIME  ?= 20x
 # The Go files to check: git's view (tracked and new, not ignored), else all.
 GOFILES     = $(or $(wildcard $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null)),.)
 
-.PHONY: all setup gvisor kube-bins build run test fuzz fmt-check vet staticcheck lint bench soak web-vendor clean
+.PHONY: all setup gvisor kube-bins build kube run test fuzz fmt-check vet staticcheck lint bench soak web-vendor clean
 
 all: build
 
@@ -41,6 +41,11 @@ kube-bins:
 ## build: the static binary at bin/agentjail
 build:
 	$(GO) build -trimpath -o $(BIN) ./cmd/agentjail
+
+## kube: the Kubernetes node agent, operator and gateway at bin/agentjail-kube,
+## beside bin/agentjail (serve --kube-node runs it; docs/kubernetes.md)
+kube:
+	cd kube && $(GO) build -trimpath -o ../bin/agentjail-kube ./cmd/agentjail-kube
 
 ## run: start the daemon in the foreground on its defaults
 run: setup build

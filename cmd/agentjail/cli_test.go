@@ -326,7 +326,7 @@ func TestListenAndServe(t *testing.T) {
 	lines := lineWriter{make(chan string, 4)}
 	done := make(chan error, 1)
 	go func() {
-		done <- listenAndServe(ctx, api.NewServer(svc, "tok", nil), "127.0.0.1:0", data, slog.New(slog.DiscardHandler), lines)
+		done <- listenAndServe(ctx, api.NewServer(svc, "tok", nil), "127.0.0.1:0", data, slog.New(slog.DiscardHandler), lines, nil)
 	}()
 	var line string
 	select {
@@ -417,26 +417,16 @@ func TestInfoVerb(t *testing.T) {
 	}
 }
 
-func TestPushsnapPullsnap(t *testing.T) {
-	c := newCLI(t)
-	c.ok("create", "--name", "src")
-	sid := strings.TrimSpace(c.ok("snapshot", "src", "--name", "before"))
-	out := c.ok("pushsnap", sid, "registry.example/team/snaps:v1")
-	if !strings.HasPrefix(out, "registry.example/team/snaps:v1\t") {
-		t.Fatalf("pushsnap: %q", out)
-	}
-	pulled := strings.TrimSpace(c.ok("pullsnap", "registry.example/team/snaps:v1", "--name", "moved"))
-	var s model.Snapshot
-	if err := json.Unmarshal([]byte(c.ok("--json", "pullsnap", "registry.example/team/snaps:v1")), &s); err != nil {
-		t.Fatal(err)
-	}
-	if pulled == sid || s.Source == nil || s.Source.ID != sid || s.Name != "before" {
-		t.Fatalf("pulled %s, then %+v", pulled, s)
-	}
-	if code, _, errs := c.run("", "pullsnap", "registry.example/team/snaps:none"); code != 1 || !strings.Contains(errs, "no such artifact") {
-		t.Fatalf("pullsnap of an unknown ref: exit %d %q", code, errs)
-	}
-	if code, _, _ := c.run("", "pushsnap", sid); code != 2 {
-		t.Fatalf("pushsnap without a ref: exit %d", code)
+func TestReachable(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.1:8082": "127.0.0.1:8082",
+		"0.0.0.0:8082":   "127.0.0.1:8082",
+		"[::]:8082":      "127.0.0.1:8082",
+		"10.0.0.5:8082":  "10.0.0.5:8082",
+		"[fd00::1]:8082": "[fd00::1]:8082",
+	} {
+		if got := reachable(in); got != want {
+			t.Errorf("reachable(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

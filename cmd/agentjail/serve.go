@@ -56,6 +56,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var insecureRegistries []string
 	var profileCache, debianMirror string
 	var metricsAddr, otlpEndpoint string
+	var kn kubeNodeFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon",
@@ -66,7 +67,12 @@ On first start it writes a random API token to DATA_DIR/api-token (mode 0600).
 Once listening it prints "agentjail: listening on http://HOST:PORT" to stderr
 and writes HOST:PORT to DATA_DIR/daemon.addr (so --addr 127.0.0.1:0 works).
 SIGINT or SIGTERM stop it; running jails keep running and are adopted by the
-next start.`,
+next start.
+
+With --kube-node NAME the daemon is also a Kubernetes node (docs/kubernetes.md):
+it runs the node agent, agentjail-kube node (found beside agentjail, else on
+PATH), as its child once listening, starts it again if it exits, and stops it
+when it stops.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var pool int64
@@ -97,7 +103,18 @@ next start.`,
 				}
 				opts.Hosts = hosts
 			}
-			return serve(cmd.Context(), opts, g.listenAddr(), daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile, mdns: mdnsOn, mdnsIface: mdnsIface, metricsAddr: metricsAddr, otlpEndpoint: otlpEndpoint})
+			do := daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile, mdns: mdnsOn, mdnsIface: mdnsIface, metricsAddr: metricsAddr, otlpEndpoint: otlpEndpoint, kubeNode: kn}
+			if kn.name == "" && (kn.kubeconfig != "" || len(kn.args) > 0) {
+				return usageError{errors.New("--kubeconfig and --kube-node-arg go with --kube-node NAME")}
+			}
+			if kn.name != "" {
+				bin, err := findKubeAgent()
+				if err != nil {
+					return err
+				}
+				do.kubeAgent = bin
+			}
+			return serve(cmd.Context(), opts, g.listenAddr(), do)
 		},
 	}
 	cmd.Flags().StringVar(&lv.runtime, "runtime", "runc", "OCI runtime binary")
@@ -109,7 +126,6 @@ next start.`,
 	cmd.Flags().StringVar(&toolsDir, "tools-dir", "", "where agent CLIs are installed, one read-only tree per version shared by all jails (default DATA_DIR/tools)")
 	cmd.Flags().StringVar(&secretsFile, "secrets-file", "", "KEY=VALUE file (mode 0600) of the model API keys the proxy adds for agents, e.g. ANTHROPIC_API_KEY (default DATA_DIR/secrets.env; the daemon's environment is read too)")
 	cmd.Flags().StringVar(&lv.criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
-	cmd.Flags().BoolVar(&lv.privateBranchMemory, "private-branch-memory", false, "give every jail restored from a snapshot (restores, branches) memory of its own: by default the kernel's same-page merging (ksmd, started at the first restore) shares the pages such jails hold alike, copy-on-write, which saves memory but lets one restored jail tell by timing whether another holds a page it guesses")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
 	cmd.Flags().StringVar(&otlpEndpoint, "otlp-endpoint", "", "export traces of API calls and the jails' events (as logs) over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (default: no export)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "also serve the Prometheus metrics without a credential at http://ADDR/metrics (e.g. 127.0.0.1:9108); GET /metrics on the API takes an admin key or the token")
@@ -118,6 +134,9 @@ next start.`,
 	cmd.Flags().BoolVar(&net.allowHost, "allow-host-network", false, `allow jails with network mode "host" (they share the host's network, no policy applies)`)
 	cmd.Flags().StringVar(&net.hostsFile, "hosts-file", "", "static name → address entries (hosts(5) format) the jails' DNS answers before the host's resolver")
 	cmd.Flags().StringVar(&net.subnet, "subnet", "", "the jail network (default 10.88.0.0/16; remembered in DATA_DIR/network.json)")
+	cmd.Flags().StringVar(&kn.name, "kube-node", "", "also be the Kubernetes node NAME: run the node agent (agentjail-kube node) as the daemon's child")
+	cmd.Flags().StringVar(&kn.kubeconfig, "kubeconfig", "", "with --kube-node: the cluster's kubeconfig (default: in-cluster, else KUBECONFIG)")
+	cmd.Flags().StringArrayVar(&kn.args, "kube-node-arg", nil, "with --kube-node: one more flag for agentjail-kube node, e.g. --kube-node-arg=--advertise-api=http://10.0.0.5:8082 (repeatable)")
 	cmd.Flags().StringVar(&net.prefix, "net-prefix", "", `prefix of the host interfaces and nftables table the daemon owns (default "aj"; remembered); a second daemon on one host needs its own prefix and subnet`)
 	return cmd
 }
@@ -166,6 +185,10 @@ type daemonOptions struct {
 	metricsAddr string
 	// otlpEndpoint, when set, receives traces and event logs over OTLP.
 	otlpEndpoint string
+	// kubeNode, when named, makes the daemon a Kubernetes node through
+	// the node agent kubeAgent.
+	kubeNode  kubeNodeFlags
+	kubeAgent string
 }
 
 // daemon is the API's Service: the jail manager, whose creates and
@@ -289,7 +312,20 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	// to the API's handler; previews of jails' dev servers are answered
 	// by their host name before either.
 	root := console.New(console.Options{API: h, Log: log})
-	return listenAndServe(ctx, previews.Wrap(root), addr, dataDir, log, os.Stderr)
+	// The node agent runs while the daemon serves.
+	actx, stopAgent := context.WithCancel(ctx)
+	var agent *kubeAgent
+	started := func(bound string) {
+		if do.kubeNode.name != "" {
+			agent = startKubeAgent(actx, do.kubeNode, do.kubeAgent, absData, bound, log)
+		}
+	}
+	err = listenAndServe(ctx, previews.Wrap(root), addr, dataDir, log, os.Stderr, started)
+	stopAgent()
+	if agent != nil {
+		agent.wait()
+	}
+	return err
 }
 
 // serveMetrics serves the metrics at http://addr/metrics until stop is
@@ -313,8 +349,9 @@ func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(
 
 // listenAndServe serves h on addr until ctx is cancelled. Once listening
 // it writes the bound HOST:PORT to DATA_DIR/daemon.addr (removed again on
-// return) and announces it on stderr in one line.
-func listenAndServe(ctx context.Context, h http.Handler, addr, dataDir string, log *slog.Logger, stderr io.Writer) error {
+// return) and announces it on stderr in one line; then it calls started
+// (if set) with that address.
+func listenAndServe(ctx context.Context, h http.Handler, addr, dataDir string, log *slog.Logger, stderr io.Writer, started func(bound string)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
@@ -335,6 +372,9 @@ func listenAndServe(ctx context.Context, h http.Handler, addr, dataDir string, l
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	fmt.Fprintf(stderr, "agentjail: listening on http://%s\n", bound)
+	if started != nil {
+		started(bound)
+	}
 
 	select {
 	case err := <-done:

@@ -29,7 +29,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // on one host, against a node's daemon directly.
 func BenchmarkSandbox(b *testing.B) {
 	c := kubetest.Start(b)
-	nd := kubetest.StartNode(b, c, bins, "aj-bench", 0)
+	nd := kubetest.StartNode(b, c, bins, "aj-bench", 0, kubetest.SeparateAgent)
 	cl := kubetest.StartOperator(b, c, bins, 40*time.Second)
 	gw := agentjail.New(kubetest.StartGateway(b, c, bins), c.AgentjailToken)
 	ctx := context.Background()

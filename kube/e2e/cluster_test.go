@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,12 +28,14 @@ type env struct {
 }
 
 // TestCluster starts a control plane and two agentjail nodes once and
-// runs every acceptance test against them.
+// runs every acceptance test against them. Node aj-node-0 runs its agent
+// beside the daemon, as the chart's DaemonSet does; aj-node-1 is
+// `agentjail serve --kube-node aj-node-1 --kubeconfig F`.
 func TestCluster(t *testing.T) {
 	c := kubetest.Start(t)
 	e := &env{c: c}
-	for i, name := range []string{"aj-node-0", "aj-node-1"} {
-		e.nodes = append(e.nodes, kubetest.StartNode(t, c, bins, name, i))
+	for i, a := range []kubetest.Agent{kubetest.SeparateAgent, kubetest.ServeKubeNode} {
+		e.nodes = append(e.nodes, kubetest.StartNode(t, c, bins, fmt.Sprintf("aj-node-%d", i), i, a))
 	}
 	e.cl = kubetest.StartOperator(t, c, bins, 20*time.Second)
 	e.gateway = kubetest.StartGateway(t, c, bins)
@@ -41,6 +44,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Sandbox", e.testSandbox)
 	t.Run("E2B", e.testE2B)
 	t.Run("Console", e.testConsole)
+	t.Run("ServeKubeNode", e.testServeKubeNode)
 	t.Run("NodeLost", e.testNodeLost)
 }
 

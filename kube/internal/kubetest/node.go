@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,11 +57,23 @@ type Node struct {
 
 var listeningRE = regexp.MustCompile(`agentjail: listening on http://(\S+)`)
 
+// Agent says how a node's agent runs.
+type Agent int
+
+const (
+	// SeparateAgent: `agentjail-kube node` beside the daemon, as the
+	// chart's DaemonSet runs it.
+	SeparateAgent Agent = iota
+	// ServeKubeNode: `agentjail serve --kube-node NAME --kubeconfig F`,
+	// whose daemon runs the agent as its child.
+	ServeKubeNode
+)
+
 // StartNode starts node n (0-9) of the test: its daemon (interfaces kN*,
-// jail network 10.(230+N).0.0/16) and its node agent, and waits until the
-// Node is Ready. Everything is stopped and the data dir torn down when the
-// test ends.
-func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int) *Node {
+// jail network 10.(230+N).0.0/16) and its node agent as agent says, and
+// waits until the Node is Ready. Everything is stopped and the data dir
+// torn down when the test ends.
+func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int, agent Agent) *Node {
 	t.Helper()
 	testenv.RequireRoot(t)
 	dir, err := os.MkdirTemp("", "agentjail-kube-"+name+"-")
@@ -81,22 +94,62 @@ func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int) *No
 			t.Logf("node %s logs: %s.log, %s.node.log", name, dir, dir)
 		}
 	})
-	if err := nd.startDaemon(n); err != nil {
+	nodeArgs := []string{"--listen", "127.0.0.1:0", "--address", "127.0.0.1", "--client-ca", c.KubeletClientCA,
+		"--snapshot-gc-interval", "1s", "--snapshot-gc-grace", "20s"}
+	var serveArgs []string
+	if agent == ServeKubeNode {
+		serveArgs = []string{"--kube-node", name, "--kubeconfig", c.Kubeconfig}
+		for _, a := range nodeArgs {
+			serveArgs = append(serveArgs, "--kube-node-arg="+a)
+		}
+	}
+	if err := nd.startDaemon(n, serveArgs...); err != nil {
 		t.Fatalf("node %s: %v", name, err)
 	}
-	nd.agent, err = spawn(dir+".node.log", nil, bins.AgentjailKube, "node",
-		"--name", name, "--data-dir", dir, "--kubeconfig", c.Kubeconfig,
-		"--listen", "127.0.0.1:0", "--address", "127.0.0.1", "--client-ca", c.KubeletClientCA,
-		"--snapshot-gc-interval", "1s", "--snapshot-gc-grace", "20s")
-	if err != nil {
-		t.Fatal(err)
+	if agent == SeparateAgent {
+		nd.agent, err = spawn(dir+".node.log", nil, bins.AgentjailKube,
+			append([]string{"node", "--name", name, "--data-dir", dir, "--kubeconfig", c.Kubeconfig}, nodeArgs...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	c.WaitNodeReady(t, name, 2*time.Minute)
 	return nd
 }
 
-// startDaemon runs `agentjail serve` on the node's data dir.
-func (nd *Node) startDaemon(n int) error {
+// AgentPid is the pid of the node agent the daemon runs as its child
+// (ServeKubeNode), 0 when there is none.
+func (nd *Node) AgentPid() int {
+	if nd.daemon == nil {
+		return 0
+	}
+	ppid := strconv.Itoa(nd.daemon.Cmd.Process.Pid)
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == ppid && strings.Contains(string(b[:i]), "(agentjail-kube") {
+			return pid
+		}
+	}
+	return 0
+}
+
+// startDaemon runs `agentjail serve` on the node's data dir, with extra
+// arguments.
+func (nd *Node) startDaemon(n int, extra ...string) error {
 	ready := make(chan string, 1)
 	p, err := spawn(nd.DataDir+".log", func(line string) {
 		if m := listeningRE.FindStringSubmatch(line); m != nil {
@@ -105,8 +158,9 @@ func (nd *Node) startDaemon(n int) error {
 			default:
 			}
 		}
-	}, nd.bins.Agentjail, "serve", "--data-dir", nd.DataDir, "--addr", "127.0.0.1:0",
-		"--net-prefix", fmt.Sprintf("k%d", n), "--subnet", fmt.Sprintf("10.%d.0.0/16", 230+n), "--warm-jails", "0")
+	}, nd.bins.Agentjail, append([]string{"serve", "--data-dir", nd.DataDir, "--addr", "127.0.0.1:0",
+		"--net-prefix", fmt.Sprintf("k%d", n), "--subnet", fmt.Sprintf("10.%d.0.0/16", 230+n), "--warm-jails", "0"},
+		extra...)...)
 	if err != nil {
 		return err
 	}
