@@ -61,7 +61,8 @@ const (
 )
 
 // refillPause is how long a burst of creates must pause before the pool
-// refills, while a quarter of its target is still ready.
+// refills, while more ready jails are left than refills start at once
+// (warmParallel, at most a quarter of the target).
 const refillPause = 250 * time.Millisecond
 
 // warmParallel is how many ready jails start at once: one per CPU, so
@@ -188,10 +189,11 @@ func (m *Manager) refillWarm() {
 	}
 	now := time.Now()
 	target := w.target(now)
-	// While a burst takes ready jails and enough are left, starting more
-	// would only take CPU from the jails just handed out: wait until the
-	// burst pauses.
-	if len(w.waiters) == 0 && len(w.ready) >= max(target/4, 1) && now.Sub(w.lastTake) < refillPause {
+	// While a burst takes ready jails and some are left, starting more
+	// would only take CPU from the jails just handed out (the burst's
+	// slowest creates were those beside a refill): wait until the burst
+	// pauses, or nearly empties the pool.
+	if len(w.waiters) == 0 && len(w.ready) >= max(min(target/4, warmParallel), 1) && now.Sub(w.lastTake) < refillPause {
 		if w.resume == nil {
 			w.resume = time.AfterFunc(refillPause, func() {
 				w.mu.Lock()
