@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentjail/agentjail/internal/image/imagetest"
 	"github.com/agentjail/agentjail/kube/internal/kubetest"
 	"github.com/agentjail/agentjail/kube/node"
 )
@@ -34,14 +35,17 @@ type env struct {
 func TestCluster(t *testing.T) {
 	c := kubetest.Start(t)
 	e := &env{c: c}
+	// The registry branches travel through, on loopback.
+	reg := imagetest.NewRegistry(t)
 	for i, a := range []kubetest.Agent{kubetest.SeparateAgent, kubetest.ServeKubeNode} {
-		e.nodes = append(e.nodes, kubetest.StartNode(t, c, bins, fmt.Sprintf("aj-node-%d", i), i, a))
+		e.nodes = append(e.nodes, kubetest.StartNode(t, c, bins, fmt.Sprintf("aj-node-%d", i), i, a, "--insecure-registry", reg.Host))
 	}
-	e.cl = kubetest.StartOperator(t, c, bins, 20*time.Second)
+	e.cl = kubetest.StartOperator(t, c, bins, 20*time.Second, "--snapshot-registry", reg.Host+"/agentjail/snapshots")
 	e.gateway = kubetest.StartGateway(t, c, bins)
 	t.Run("Manifests", e.testManifests)
 	t.Run("Pods", e.testPods)
 	t.Run("Sandbox", e.testSandbox)
+	t.Run("Branch", e.testBranch)
 	t.Run("E2B", e.testE2B)
 	t.Run("Console", e.testConsole)
 	t.Run("ServeKubeNode", e.testServeKubeNode)

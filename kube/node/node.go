@@ -176,6 +176,9 @@ func describeNode(ctx context.Context, n *corev1.Node, o Options, port int) erro
 		n.Annotations = map[string]string{}
 	}
 	n.Annotations[v1alpha1.AnnotationAPI] = o.API
+	// As a kubelet labels its node: topology spread and affinity by
+	// host work across agentjail nodes too.
+	n.Labels[corev1.LabelHostname] = o.Name
 	n.Labels[corev1.LabelOSStable] = "linux"
 	n.Labels[corev1.LabelArchStable] = runtime.GOARCH
 	n.Spec.Taints = []corev1.Taint{{Key: TaintKey, Value: TaintValue, Effect: corev1.TaintEffectNoSchedule}}

@@ -199,6 +199,7 @@ func (p *Provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	r.pod = pod.DeepCopy()
 	r.pod.Status = status
 	token := pod.Annotations[v1alpha1.AnnotationSnapshotRequest]
+	push := pod.Annotations[v1alpha1.AnnotationSnapshotPush]
 	snap := token != "" && token != r.snapToken
 	if snap {
 		r.snapToken = token
@@ -206,7 +207,7 @@ func (p *Provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	r.mu.Unlock()
 	p.publish(r)
 	if snap {
-		go p.snapshot(r, token)
+		go p.snapshot(r, token, push)
 	}
 	return nil
 }
@@ -217,8 +218,9 @@ const pauseSnapshotPrefix = "k8s-pause-"
 
 // snapshot takes a full snapshot of the Pod's jail (its processes and
 // files; the jail keeps running) and answers the request token with the
-// v1alpha1.ConditionSnapshot Pod condition.
-func (p *Provider) snapshot(r *podRun, token string) {
+// v1alpha1.ConditionSnapshot Pod condition. With push (a registry
+// reference) the snapshot is pushed there and the node keeps no copy.
+func (p *Provider) snapshot(r *podRun, token, push string) {
 	// Detach from the main command for the snapshot: its output meanwhile
 	// is not in the log.
 	r.gate.Lock()
@@ -249,11 +251,15 @@ func (p *Provider) snapshot(r *podRun, token string) {
 			case <-t.C:
 			}
 		}
+		ref := ""
+		if err == nil && push != "" {
+			ref, err = p.push(ctx, pod, s.ID, push)
+		}
 		if err != nil {
 			msg = token + ": " + err.Error()
 			p.events.Event(pod, corev1.EventTypeWarning, "SnapshotFailed", err.Error())
 		} else {
-			b, _ := json.Marshal(v1alpha1.Snapshot{Node: p.nodeName, ID: s.ID, Pid: pid, Token: token})
+			b, _ := json.Marshal(v1alpha1.Snapshot{Node: p.nodeName, ID: s.ID, Pid: pid, Token: token, Ref: ref})
 			status, msg = corev1.ConditionTrue, string(b)
 			p.events.Eventf(pod, corev1.EventTypeNormal, "Snapshot", "snapshot %s of jail %s", s.ID, id)
 		}
@@ -262,6 +268,21 @@ func (p *Provider) snapshot(r *podRun, token string) {
 	setCondition(r.pod, v1alpha1.ConditionSnapshot, status, "", msg)
 	r.mu.Unlock()
 	p.publish(r)
+}
+
+// push pushes snapshot sid to the registry reference ref and deletes it
+// here, whether the push worked or not (a Pod restoring it pulls it from
+// the registry); it returns the artifact's digest reference.
+func (p *Provider) push(ctx context.Context, pod *corev1.Pod, sid, ref string) (string, error) {
+	res, err := p.daemon.PushSnapshot(ctx, sid, ref)
+	if derr := p.daemon.DeleteSnapshot(context.WithoutCancel(ctx), sid); derr != nil && !isNotFound(derr) {
+		p.log.Warn("deleting a pushed snapshot", "snapshot", sid, "err", derr)
+	}
+	if err != nil {
+		return "", fmt.Errorf("pushing snapshot %s to %s: %w", sid, ref, err)
+	}
+	p.events.Eventf(pod, corev1.EventTypeNormal, "SnapshotPushed", "snapshot %s pushed to %s (%d bytes in %.0f ms)", sid, res.Ref, res.Bytes, res.DurationMs)
+	return res.Ref, nil
 }
 
 // DeletePod stops the Pod's command, destroys its jail and reports every

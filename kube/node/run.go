@@ -152,16 +152,29 @@ func (p *Provider) createJail(ctx context.Context, js *jailSpec, snapshot *v1alp
 	if snapshot == nil {
 		return p.daemon.Create(ctx, js.create)
 	}
-	if snapshot.Node != p.nodeName {
+	sid := snapshot.ID
+	switch {
+	case snapshot.Ref != "":
+		// A branch: its snapshot is in a registry, pulled into a copy of
+		// this node's own (the original may serve other branches).
+		s, err := p.daemon.PullSnapshot(ctx, snapshot.Ref, "")
+		if err != nil {
+			return nil, fmt.Errorf("pulling snapshot %s: %w", snapshot.Ref, err)
+		}
+		sid = s.ID
+	case snapshot.Node != p.nodeName:
 		return nil, fmt.Errorf("snapshot %s is on node %s, not on %s", snapshot.ID, snapshot.Node, p.nodeName)
 	}
-	j, err := p.daemon.Restore(ctx, snapshot.ID, js.create.Name)
-	if err != nil {
-		return nil, fmt.Errorf("restoring snapshot %s: %w", snapshot.ID, err)
+	j, err := p.daemon.Restore(ctx, sid, js.create.Name)
+	// The snapshot is consumed (or, when the restore failed, a pulled
+	// copy is no use): the jail carries its state on.
+	if (err == nil || sid != snapshot.ID) && sid != "" {
+		if derr := p.daemon.DeleteSnapshot(context.WithoutCancel(ctx), sid); derr != nil && !isNotFound(derr) {
+			p.log.Warn("deleting a restored snapshot", "snapshot", sid, "err", derr)
+		}
 	}
-	// The snapshot is consumed: the jail carries its state on.
-	if err := p.daemon.DeleteSnapshot(ctx, snapshot.ID); err != nil && !isNotFound(err) {
-		p.log.Warn("deleting a restored snapshot", "snapshot", snapshot.ID, "err", err)
+	if err != nil {
+		return nil, fmt.Errorf("restoring snapshot %s: %w", sid, err)
 	}
 	return j, nil
 }

@@ -5,6 +5,9 @@
 // processes and files) and 1 resumes it from that snapshot; a shutdown
 // time expires it.
 //
+// A branch request (v1alpha1.AnnotationBranch) makes new Sandboxes from a
+// snapshot pushed to a registry, placed by the scheduler (branch.go).
+//
 // Pause and resume travel through the Pod: the controller asks the Pod's
 // node for a snapshot with v1alpha1.AnnotationSnapshotRequest, the node answers
 // with the v1alpha1.ConditionSnapshot Pod condition, the controller records the
@@ -44,6 +47,9 @@ type Reconciler struct {
 	Scheme *runtime.Scheme
 	// ClusterDomain is the DNS domain of Services (default cluster.local).
 	ClusterDomain string
+	// SnapshotRegistry is the OCI repository (registry/repository) that
+	// branches' snapshots travel through; "" refuses branch requests.
+	SnapshotRegistry string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -280,13 +286,8 @@ func (r *Reconciler) reconcilePod(ctx context.Context, sb *v1alpha1.Sandbox) (re
 		return reconcile.Result{}, nil
 	}
 	ready := pod.Status.Phase == corev1.PodRunning && podReady(&pod)
-	sb.Status.PodIPs = nil
-	for _, ip := range pod.Status.PodIPs {
-		sb.Status.PodIPs = append(sb.Status.PodIPs, ip.IP)
-	}
+	sb.Status.PodIPs = podIPs(&pod)
 	if ready {
-		sb.Status.Replicas = 1
-		r.setReady(sb, metav1.ConditionTrue, "DependenciesReady", "the Pod runs on "+pod.Spec.NodeName)
 		// Resumed: the snapshot is consumed.
 		if _, ok := sb.Annotations[v1alpha1.AnnotationSnapshot]; ok && pod.Annotations[v1alpha1.AnnotationRestore] != "" {
 			delete(sb.Annotations, v1alpha1.AnnotationSnapshot)
@@ -294,11 +295,28 @@ func (r *Reconciler) reconcilePod(ctx context.Context, sb *v1alpha1.Sandbox) (re
 				return reconcile.Result{}, err
 			}
 		}
+		if _, ok := sb.Annotations[v1alpha1.AnnotationBranch]; ok {
+			if err := r.branch(ctx, sb, &pod); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		// After the updates above, which read the Sandbox back.
+		sb.Status.PodIPs = podIPs(&pod)
+		sb.Status.Replicas = 1
+		r.setReady(sb, metav1.ConditionTrue, "DependenciesReady", "the Pod runs on "+pod.Spec.NodeName)
 	} else {
 		sb.Status.Replicas = 0
 		r.setReady(sb, metav1.ConditionFalse, "DependenciesNotReady", fmt.Sprintf("the Pod is %s", pod.Status.Phase))
 	}
 	return reconcile.Result{}, nil
+}
+
+func podIPs(p *corev1.Pod) []string {
+	var ips []string
+	for _, ip := range p.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	return ips
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -321,6 +339,9 @@ func (r *Reconciler) pause(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev
 				pod.Annotations = map[string]string{}
 			}
 			pod.Annotations[v1alpha1.AnnotationSnapshotRequest] = token
+			// A pause keeps its snapshot on the node (a branch's push
+			// annotation stays behind on the Pod).
+			delete(pod.Annotations, v1alpha1.AnnotationSnapshotPush)
 			if err := r.Client.Update(ctx, pod); err != nil {
 				return reconcile.Result{}, err
 			}
@@ -408,8 +429,12 @@ func (r *Reconciler) newPod(sb *v1alpha1.Sandbox) (*corev1.Pod, error) {
 			return nil, fmt.Errorf("sandbox %s: annotation %s: %w", sb.Name, v1alpha1.AnnotationSnapshot, err)
 		}
 		pod.Annotations[v1alpha1.AnnotationRestore] = s
-		// The snapshot is on that node's disk.
-		pod.Spec.NodeName = snap.Node
+		if snap.Ref == "" {
+			// The snapshot is on that node's disk. One in a registry
+			// (a branch's) is pulled by whichever node the scheduler
+			// picks.
+			pod.Spec.NodeName = snap.Node
+		}
 	}
 	if err := controllerutil.SetControllerReference(sb, pod, r.Scheme); err != nil {
 		return nil, err

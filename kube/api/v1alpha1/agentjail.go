@@ -24,6 +24,29 @@ const (
 	// AnnotationAPI is on every agentjail Node: the URL of its daemon's
 	// API, which the gateway forwards to.
 	AnnotationAPI = "agentjail.dev/api"
+	// AnnotationBranch on a running Sandbox asks for that many (1 to
+	// MaxBranches) new Sandboxes in the state of a snapshot of it, named
+	// NAME-bK-1 ... NAME-bK-N (K counts the Sandbox's branch requests)
+	// and placed by the scheduler on any agentjail node: the snapshot
+	// travels through the operator's snapshot registry. The operator
+	// removes the annotation when the branches exist (or the request
+	// failed) and reports in the ConditionBranched condition.
+	AnnotationBranch = "agentjail.dev/branch"
+	// AnnotationBranchCount on a Sandbox counts its branch requests taken.
+	AnnotationBranchCount = "agentjail.dev/branch-count"
+	// LabelBranchOf is on a branch Sandbox: the name of the Sandbox it
+	// was branched from.
+	LabelBranchOf = "agentjail.dev/branch-of"
+	// ConditionBranched is the Sandbox condition reporting its last branch
+	// request: True naming the new Sandboxes, False with why it failed.
+	ConditionBranched = "agentjail.dev/Branched"
+	// AnnotationSnapshotPush on a Pod with AnnotationSnapshotRequest
+	// makes its node push the snapshot to this registry reference
+	// (registry/repository:tag) and delete its own copy; the answer's
+	// Snapshot then names the pushed artifact (Ref).
+	AnnotationSnapshotPush = "agentjail.dev/snapshot-push"
+	// MaxBranches bounds AnnotationBranch.
+	MaxBranches = 32
 )
 
 // Snapshot is a snapshot of a Sandbox's jail on a node.
@@ -36,4 +59,8 @@ type Snapshot struct {
 	Pid int `json:"pid"`
 	// Token is the request the snapshot answers.
 	Token string `json:"token,omitempty"`
+	// Ref is the registry artifact the snapshot was pushed to, by digest
+	// (AnnotationSnapshotPush). A Pod restoring a snapshot with a Ref is
+	// placed by the scheduler; its node pulls the snapshot first.
+	Ref string `json:"ref,omitempty"`
 }

@@ -109,9 +109,9 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 
 func operatorCmd() *cobra.Command {
 	var (
-		kubeconfig, metricsAddr, probeAddr, clusterDomain string
-		leaderElect                                       bool
-		grace                                             time.Duration
+		kubeconfig, metricsAddr, probeAddr, clusterDomain, snapshotRegistry string
+		leaderElect                                                         bool
+		grace                                                               time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "operator",
@@ -141,7 +141,10 @@ func operatorCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := (&sandbox.Reconciler{Client: mgr.GetClient(), Scheme: scheme, ClusterDomain: clusterDomain}).SetupWithManager(mgr); err != nil {
+			if err := sandbox.CheckRepository(snapshotRegistry); err != nil {
+				return fmt.Errorf("--snapshot-registry: %w", err)
+			}
+			if err := (&sandbox.Reconciler{Client: mgr.GetClient(), Scheme: scheme, ClusterDomain: clusterDomain, SnapshotRegistry: snapshotRegistry}).SetupWithManager(mgr); err != nil {
 				return err
 			}
 			cs, err := kubernetes.NewForConfig(cfg)
@@ -170,6 +173,7 @@ func operatorCmd() *cobra.Command {
 	cmd.Flags().StringVar(&clusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain (for status.serviceFQDN)")
 	cmd.Flags().BoolVar(&leaderElect, "leader-elect", false, "elect one active operator among replicas")
 	cmd.Flags().DurationVar(&grace, "node-grace", 40*time.Second, "how long an agentjail node's lease may go unrenewed before its Pods are failed")
+	cmd.Flags().StringVar(&snapshotRegistry, "snapshot-registry", "", "the OCI repository (registry/repository) every node's daemon reaches, through which branches of Sandboxes move between nodes (none: branch requests are refused)")
 	return cmd
 }
 

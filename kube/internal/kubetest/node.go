@@ -70,10 +70,10 @@ const (
 )
 
 // StartNode starts node n (0-9) of the test: its daemon (interfaces kN*,
-// jail network 10.(230+N).0.0/16) and its node agent as agent says, and
-// waits until the Node is Ready. Everything is stopped and the data dir
-// torn down when the test ends.
-func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int, agent Agent) *Node {
+// jail network 10.(230+N).0.0/16, serveFlags added to its command line)
+// and its node agent as agent says, and waits until the Node is Ready.
+// Everything is stopped and the data dir torn down when the test ends.
+func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int, agent Agent, serveFlags ...string) *Node {
 	t.Helper()
 	testenv.RequireRoot(t)
 	dir, err := os.MkdirTemp("", "agentjail-kube-"+name+"-")
@@ -103,7 +103,7 @@ func StartNode(t testing.TB, c *Cluster, bins *Binaries, name string, n int, age
 			serveArgs = append(serveArgs, "--kube-node-arg="+a)
 		}
 	}
-	if err := nd.startDaemon(n, serveArgs...); err != nil {
+	if err := nd.startDaemon(n, append(serveArgs, serveFlags...)...); err != nil {
 		t.Fatalf("node %s: %v", name, err)
 	}
 	if agent == SeparateAgent {

@@ -28,9 +28,9 @@ func ChartDir() string {
 
 // StartOperator installs the chart's CRDs with kubectl, waits until they
 // are established, and runs `agentjail-kube operator` until the test
-// ends, with grace as its node lease grace. It returns a client that
-// knows the Sandbox types.
-func StartOperator(t testing.TB, c *Cluster, bins *Binaries, grace time.Duration) client.Client {
+// ends, with grace as its node lease grace and flags added to its command
+// line. It returns a client that knows the Sandbox types.
+func StartOperator(t testing.TB, c *Cluster, bins *Binaries, grace time.Duration, flags ...string) client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -53,8 +53,8 @@ func StartOperator(t testing.TB, c *Cluster, bins *Binaries, grace time.Duration
 		}
 		return false, "not established", nil
 	})
-	startProcess(t, filepath.Join(c.Dir, "operator.log"), bins.AgentjailKube, "operator",
-		"--kubeconfig", c.Kubeconfig, fmt.Sprintf("--node-grace=%s", grace))
+	startProcess(t, filepath.Join(c.Dir, "operator.log"), bins.AgentjailKube, append([]string{"operator",
+		"--kubeconfig", c.Kubeconfig, fmt.Sprintf("--node-grace=%s", grace)}, flags...)...)
 	scheme := kruntime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
