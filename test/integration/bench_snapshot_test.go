@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/image/imagetest"
 )
 
 // Snapshot benchmarks: a small idle jail (a counter loop) and one with
@@ -220,4 +222,58 @@ func BenchmarkSnapshotSmallJail(b *testing.B) { benchSnapshot(b, "", 0) }
 
 func BenchmarkSnapshot256MBJail(b *testing.B) {
 	benchSnapshot(b, `setsid -f python3 -c 'import os, time; b=os.urandom(256<<20); time.sleep(3600)' >/dev/null 2>&1 </dev/null`, 256<<20)
+}
+
+// BenchmarkSnapshotTransfer moves a small jail's snapshot (a counter loop
+// and a 3 MB file of random bytes on a 1 GiB disk) through an OCI
+// registry on loopback: each iteration takes a full snapshot (the
+// reference), pushes it, pulls it back as a new snapshot and restores
+// that. ms is push + pull, the cost of moving a snapshot to another node
+// beside the cost of taking it.
+func BenchmarkSnapshotTransfer(b *testing.B) {
+	reg := imagetest.NewRegistry(b)
+	d := newDaemon(b, "--insecure-registry", reg.Host)
+	j := d.createJail(b, nil)
+	if res := d.shAs(b, j.ID, "", counterScript+"; head -c 3000000 /dev/urandom > /workspace/blob"); res.ExitCode != 0 {
+		b.Fatalf("counter: %s", &res)
+	}
+	d.waitCounting(b, j.ID, 0)
+	var snap, push, pull, move, restore []time.Duration
+	var bytes int64
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		var s snapshotInfo
+		d.api.want(b, http.StatusCreated, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{}, &s)
+		snap = append(snap, time.Since(start))
+		start = time.Now()
+		var p snapshotPush
+		d.api.want(b, http.StatusOK, "POST", "/snapshots/"+s.ID+"/push", map[string]any{"ref": fmt.Sprintf("%s/bench/snap:%d", reg.Host, i)}, &p)
+		push = append(push, time.Since(start))
+		bytes = p.Bytes
+		start = time.Now()
+		var pulled snapshotInfo
+		d.api.want(b, http.StatusCreated, "POST", "/snapshots/pull", map[string]any{"ref": p.Ref}, &pulled)
+		pull = append(pull, time.Since(start))
+		move = append(move, push[len(push)-1]+pull[len(pull)-1])
+		start = time.Now()
+		var r jailInfo
+		d.api.want(b, http.StatusCreated, "POST", "/snapshots/"+pulled.ID+"/restore", map[string]any{}, &r)
+		restore = append(restore, time.Since(start))
+		b.StopTimer()
+		d.destroy(b, r.ID)
+		for _, sid := range []string{s.ID, pulled.ID} {
+			d.api.want(b, http.StatusNoContent, "DELETE", "/snapshots/"+sid, nil, nil)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	// No target: the reference is what it is set beside.
+	b.ReportMetric(ms(median(move)), "ms")
+	b.ReportMetric(ms(median(snap)), "ref-ms")
+	b.ReportMetric(float64(median(move))/float64(median(snap)), "x-ref")
+	b.ReportMetric(ms(median(push)), "push-ms")
+	b.ReportMetric(ms(median(pull)), "pull-ms")
+	b.ReportMetric(ms(median(restore)), "restore-pulled-ms")
+	b.ReportMetric(float64(bytes)/1e6, "artifact-MB")
 }
