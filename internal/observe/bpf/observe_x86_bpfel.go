@@ -74,6 +74,7 @@ type observeHdr struct {
 type observePending struct {
 	_       structs.HostLayout
 	Ts      uint64
+	Cg      uint64
 	Args    [6]uint64
 	Nr      uint32
 	Active  uint32

@@ -53,6 +53,7 @@ struct {
 /* A syscall in flight: what sys_enter saw, for sys_exit to complete. */
 struct pending {
 	u64 ts;
+	u64 cg; /* the watched cgroup it was entered in */
 	u64 args[6];
 	u32 nr;
 	u32 active;
@@ -80,6 +81,15 @@ const struct exit_ev *unused_exit_ev __attribute__((unused));
 static __always_inline void count_lost(struct watch *w)
 {
 	__sync_fetch_and_add(&w->lost, 1);
+}
+
+/* count_lost_cg counts a lost record of cgroup cg, if it is still watched. */
+static __always_inline void count_lost_cg(u64 cg)
+{
+	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
+
+	if (w)
+		count_lost(w);
 }
 
 /* pid_at returns the number of pid p in the namespace at level, or 0 when p
@@ -204,8 +214,8 @@ static __always_inline u16 read_sockaddr(char *dst, struct pending *p, u32 spec,
 	return (u16)len;
 }
 
-static __always_inline void emit_syscall(struct watch *w, u64 cg, struct task_struct *t,
-					 struct pending *p, s64 ret, u64 now)
+static __always_inline void emit_syscall(u64 cg, struct task_struct *t, struct pending *p, s64 ret,
+					 u64 now)
 {
 	u32 nr = p->nr & (MAX_SYSCALLS - 1);
 	u32 spec = argspec[nr];
@@ -217,7 +227,7 @@ static __always_inline void emit_syscall(struct watch *w, u64 cg, struct task_st
 	if (strings && SPEC_P2(spec)) {
 		struct sys_ev2 *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 		if (!e) {
-			count_lost(w);
+			count_lost_cg(cg);
 			return;
 		}
 		fill_sys(&e->e, cg, t, p, ret, now);
@@ -229,7 +239,7 @@ static __always_inline void emit_syscall(struct watch *w, u64 cg, struct task_st
 	if (strings && (SPEC_P1(spec) || SPEC_SA(spec))) {
 		struct sys_ev1 *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 		if (!e) {
-			count_lost(w);
+			count_lost_cg(cg);
 			return;
 		}
 		fill_sys(&e->e, cg, t, p, ret, now);
@@ -243,7 +253,7 @@ static __always_inline void emit_syscall(struct watch *w, u64 cg, struct task_st
 
 	struct sys_ev *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		count_lost(w);
+		count_lost_cg(cg);
 		return;
 	}
 	fill_sys(e, cg, t, p, ret, now);
@@ -286,6 +296,7 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	if (!p)
 		return 0;
 	p->ts = bpf_ktime_get_ns();
+	p->cg = cg;
 	p->nr = nr;
 	p->args[0] = regs->di;
 	p->args[1] = regs->si;
@@ -298,7 +309,7 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	/* exit and exit_group never return: record them now. */
 	if (nr == NR_EXIT || nr == NR_EXIT_GROUP) {
 		p->active = 0;
-		emit_syscall(w, cg, t, p, 0, 0);
+		emit_syscall(cg, t, p, 0, 0);
 	}
 	return 0;
 }
@@ -308,20 +319,16 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
 	struct task_struct *t = bpf_get_current_task_btf();
 	struct pending *p;
-	struct watch *w;
-	u64 cg;
 
-	/* The task's own storage first: a task that sys_enter did not record
-	 * (every untraced host process) has none, which is cheaper to learn
-	 * than its cgroup's watch. */
+	/* The task's own storage only: a task that sys_enter did not record
+	 * (every untraced host process) has none, and one it recorded carries
+	 * its cgroup; the watch is looked up again only to count a record the
+	 * ring had no room for. A call entered before its jail was unwatched
+	 * is recorded and left out by the reader. */
 	p = bpf_task_storage_get(&inflight, t, 0, 0);
 	if (!p || !p->active)
 		return 0;
 	p->active = 0;
-	cg = bpf_get_current_cgroup_id();
-	w = bpf_map_lookup_elem(&watched, &cg);
-	if (!w)
-		return 0;
 	/* An execve that left its caller plumbing started a shim (or failed
 	 * to start a command). */
 	if (p->nr == NR_EXECVE || p->nr == NR_EXECVEAT) {
@@ -329,7 +336,7 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 		if (bpf_map_lookup_elem(&plumbing, &tgid))
 			return 0;
 	}
-	emit_syscall(w, cg, t, p, ret, bpf_ktime_get_ns());
+	emit_syscall(p->cg, t, p, ret, bpf_ktime_get_ns());
 	return 0;
 }
 
