@@ -46,3 +46,29 @@ func TestChart(t *testing.T) {
 		t.Fatalf("%s is not what the chart renders: run AGENTJAIL_UPDATE_MANIFESTS=1 go test ./deploy/", path)
 	}
 }
+
+// TestChartSnapshotRegistry: the snapshotRegistry values reach the
+// operator (--snapshot-registry) and every daemon (--insecure-registry
+// for a plain-HTTP registry, the login Secret as its DOCKER_CONFIG).
+func TestChartSnapshotRegistry(t *testing.T) {
+	helm := kubetest.Bin(t, "helm")
+	render := exec.Command(helm, append(renderArgs,
+		"--set", "snapshotRegistry.repository=registry.example:5000/team/snapshots",
+		"--set", "snapshotRegistry.insecure=true", "--set", "snapshotRegistry.loginSecret=registry-login")...)
+	render.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	out, err := render.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	for _, want := range []string{
+		"- --snapshot-registry=registry.example:5000/team/snapshots",
+		"- --insecure-registry=registry.example:5000",
+		"- name: DOCKER_CONFIG\n              value: /docker-config",
+		"- {name: docker-config, mountPath: /docker-config, readOnly: true}",
+		"- {name: docker-config, secret: {secretName: registry-login, items: [{key: .dockerconfigjson, path: config.json}], defaultMode: 0400}}",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the rendered chart lacks %q", want)
+		}
+	}
+}
