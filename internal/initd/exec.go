@@ -399,7 +399,7 @@ func (s *Server) runOnShim(sh *shimProc, spec *shimSpec, fds []int) (int, unix.E
 	switch typ {
 	case shimMsgStarted:
 		var st shimStarted
-		if err := jsonUnmarshal(body, &st); err != nil {
+		if err := st.decode(body); err != nil {
 			sh.kill()
 			s.shims.linger(sh)
 			return 0, 0, err
@@ -407,7 +407,7 @@ func (s *Server) runOnShim(sh *shimProc, spec *shimSpec, fds []int) (int, unix.E
 		return st.Pid, 0, nil
 	case shimMsgExit:
 		var e shimExit
-		if err := jsonUnmarshal(body, &e); err != nil {
+		if err := e.decode(body); err != nil {
 			sh.ctrl.Close()
 			return 0, 0, err
 		}
@@ -504,7 +504,7 @@ func (s *Server) waitShim(sh *shimProc, pid int) (res shimExit, shimOK bool) {
 			s.log.Printf("shim %d of pid %d ended without a report (%v)", sh.pid, pid, sh.ws)
 			return shimExit{Signal: int(unix.SIGKILL)}, false
 		}
-		if typ == shimMsgExit && jsonUnmarshal(body, &res) == nil {
+		if typ == shimMsgExit && res.decode(body) == nil {
 			return res, true
 		}
 	}

@@ -1,7 +1,6 @@
 package initd
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -48,35 +47,35 @@ const shimCtrlFd = 3
 
 // shimSpec is a command for the shim to run.
 type shimSpec struct {
-	Path   string   `json:"path"`
-	Argv   []string `json:"argv"`
-	Env    []string `json:"env"`
-	Dir    string   `json:"dir"`
-	UID    int      `json:"uid"`
-	GID    int      `json:"gid"`
-	Groups []int    `json:"groups"`
+	Path   string
+	Argv   []string
+	Env    []string
+	Dir    string
+	UID    int
+	GID    int
+	Groups []int
 	// Tty makes the command's stdin (a terminal) its controlling
 	// terminal.
-	Tty bool `json:"tty,omitempty"`
+	Tty bool
 	// HandOff leaves the command's leftovers to init when it exits: the
 	// shim then exits instead of staying their subreaper.
-	HandOff bool `json:"hand_off,omitempty"`
+	HandOff bool
 }
 
 // shimStarted reports the started command's pid.
 type shimStarted struct {
-	Pid int `json:"pid"`
+	Pid int
 }
 
 // shimExit reports how the command ended, or why it could not start.
 type shimExit struct {
 	// StartErrno is set when execve failed; nothing ran.
-	StartErrno int  `json:"start_errno,omitempty"`
-	Exited     bool `json:"exited,omitempty"`
-	Code       int  `json:"code,omitempty"`
-	Signal     int  `json:"signal,omitempty"`
+	StartErrno int
+	Exited     bool
+	Code       int
+	Signal     int
 	// Reusable is true when the command left no descendants behind.
-	Reusable bool `json:"reusable"`
+	Reusable bool
 }
 
 // shimMsg is a control message read by the shim.
@@ -255,12 +254,8 @@ func (s *shim) recv() shimMsg {
 }
 
 // send writes one control message to init.
-func (s *shim) send(typ byte, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err) // the message types are fixed structs
-	}
-	if _, err := unix.Write(shimCtrlFd, append([]byte{typ}, b...)); err != nil {
+func (s *shim) send(typ byte, v shimBody) {
+	if _, err := unix.Write(shimCtrlFd, v.appendTo([]byte{typ})); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: report to init: %v\n", err)
 	}
 }
@@ -270,7 +265,7 @@ func (s *shim) send(typ byte, v any) {
 // outlived leftovers, or lost init).
 func (s *shim) run(m shimMsg) bool {
 	var spec shimSpec
-	if err := json.Unmarshal(m.body, &spec); err != nil || len(m.fds) != 3 {
+	if err := spec.decode(m.body); err != nil || len(m.fds) != 3 {
 		closeFds(m.fds)
 		fmt.Fprintf(os.Stderr, "agentjail shim: malformed run message (%d fds): %v\n", len(m.fds), err)
 		return false
@@ -278,7 +273,7 @@ func (s *shim) run(m shimMsg) bool {
 	cred, err := credential(spec)
 	if err != nil {
 		closeFds(m.fds)
-		s.send(shimMsgExit, shimExit{StartErrno: int(syscall.EPERM), Reusable: true})
+		s.send(shimMsgExit, &shimExit{StartErrno: int(syscall.EPERM), Reusable: true})
 		return true
 	}
 	pidfd := -1
@@ -304,7 +299,7 @@ func (s *shim) run(m shimMsg) bool {
 		if errno == 0 {
 			errno = syscall.EINVAL
 		}
-		s.send(shimMsgExit, shimExit{StartErrno: int(errno), Reusable: true})
+		s.send(shimMsgExit, &shimExit{StartErrno: int(errno), Reusable: true})
 		return true
 	}
 	timeout := reapInterval
@@ -318,7 +313,7 @@ func (s *shim) run(m shimMsg) bool {
 	} else {
 		timeout = 10 * time.Millisecond // no pidfd to wake on: poll for the exit
 	}
-	s.send(shimMsgStarted, shimStarted{Pid: pid})
+	s.send(shimMsgStarted, &shimStarted{Pid: pid})
 
 	var status *unix.WaitStatus
 	for status == nil {
@@ -363,7 +358,7 @@ func (s *shim) report(ws unix.WaitStatus, reusable bool) {
 	} else {
 		e.Exited, e.Code = true, ws.ExitStatus()
 	}
-	s.send(shimMsgExit, e)
+	s.send(shimMsgExit, &e)
 }
 
 // linger stays the subreaper of a finished command's leftovers until they

@@ -1,7 +1,6 @@
 package initd
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -33,16 +32,11 @@ func (p *shimProc) exited() bool {
 }
 
 // send writes one control message, passing fds along when given.
-func (p *shimProc) send(typ byte, v any, fds []int) error {
-	var body []byte
+func (p *shimProc) send(typ byte, v shimBody, fds []int) error {
+	msg := []byte{typ}
 	if v != nil {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return fmt.Errorf("encode shim message: %w", err)
-		}
-		body = b
+		msg = v.appendTo(msg)
 	}
-	msg := append([]byte{typ}, body...)
 	if len(msg) > maxShimMsg {
 		return newError(initproto.KindInvalid, "", "command too large: argv and environment take %d bytes, at most %d are allowed", len(msg), maxShimMsg)
 	}
@@ -322,12 +316,4 @@ func (sp *shimPool) close(timeout time.Duration) {
 			return
 		}
 	}
-}
-
-// jsonUnmarshal decodes a shim message body.
-func jsonUnmarshal(b []byte, v any) error {
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("decode shim message: %w", err)
-	}
-	return nil
 }
