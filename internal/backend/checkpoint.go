@@ -64,3 +64,19 @@ type Checkpointer interface {
 	// after Recover nothing writes into any checkpoint's Dir or DiskImage.
 	Recover(ctx context.Context, inst Instance) error
 }
+
+// CheckpointMover is implemented by Checkpointers whose checkpoints can
+// be restored by another daemon, on another host (snapshots moved
+// through a registry), when that host matches what they need.
+type CheckpointMover interface {
+	// Requirements returns what a host restoring the checkpoint in dir
+	// must match, as names and values of the backend's choosing (the
+	// digest of the binary its processes ran...); nil when anything goes.
+	// It changes nothing.
+	Requirements(dir string) (map[string]string, error)
+	// Adopt checks that this host meets req, errdefs.ErrConflict naming
+	// what differs; then, when dir is not "", it rewrites the records of
+	// the checkpoint in dir (made on another host) that name host paths,
+	// for this host. With dir "" it only checks.
+	Adopt(dir string, req map[string]string) error
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image"
@@ -49,9 +50,15 @@ func (m *Manager) PushSnapshot(ctx context.Context, sid string, req model.Snapsh
 		return nil, fmt.Errorf("ref: %w", err)
 	}
 	store := m.snaps.store
-	res, err := transfer.Push(ctx, ref, transfer.Source{
-		Snapshot: snap, Dir: store.Dir(sid), Skip: []string{snapshot.RecordFile}, DiskImage: store.Image(sid),
-	}, opts)
+	src := transfer.Source{Snapshot: snap, Dir: store.Dir(sid), Skip: []string{snapshot.RecordFile}, DiskImage: store.Image(sid)}
+	if mv, err := m.mover(snap.Config.Isolation.Level); err != nil {
+		return nil, err
+	} else if mv != nil {
+		if src.Requires, err = mv.Requirements(src.Dir); err != nil {
+			return nil, fmt.Errorf("snapshot %s: %w", sid, err)
+		}
+	}
+	res, err := transfer.Push(ctx, ref, src, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -97,8 +104,12 @@ func (m *Manager) PullSnapshot(ctx context.Context, req model.SnapshotPullReques
 	ok := false
 	defer m.removeUnless(&ok, sid, "a failed pull")
 	res, err := transfer.Pull(ctx, ref, transfer.Dest{Dir: store.Dir(sid), DiskImage: store.Image(sid)}, pullLimits,
-		func(c *transfer.Config) error { return m.restorable(&c.Snapshot) }, opts)
+		func(c *transfer.Config) error { return m.restorable(&c.Snapshot, c.Requires, "") }, opts)
 	if err != nil {
+		return nil, err
+	}
+	// The snapshot's records, made on another host, for this one.
+	if err := m.restorable(&res.Config.Snapshot, res.Config.Requires, store.Dir(sid)); err != nil {
 		return nil, err
 	}
 	snap := res.Config.Snapshot
@@ -120,10 +131,23 @@ func (m *Manager) PullSnapshot(ctx context.Context, req model.SnapshotPullReques
 	return &snap, nil
 }
 
+// mover returns the backend of level as a backend.CheckpointMover (nil
+// when its checkpoints need nothing of the host restoring them).
+func (m *Manager) mover(level string) (backend.CheckpointMover, error) {
+	b, err := m.levels.Get(level)
+	if err != nil {
+		return nil, err
+	}
+	mv, _ := b.(backend.CheckpointMover)
+	return mv, nil
+}
+
 // restorable refuses, with errdefs.ErrUnprocessable or ErrConflict
 // naming the reason, a snapshot made elsewhere that this daemon could not
-// restore.
-func (m *Manager) restorable(snap *model.Snapshot) error {
+// restore: its config, and what its backend requires of the host (req).
+// With dir, the pulled snapshot's directory, the backend adopts its
+// records for this host.
+func (m *Manager) restorable(snap *model.Snapshot, req map[string]string, dir string) error {
 	cfg := snap.Config
 	if snap.Mode != model.SnapshotFull && snap.Mode != model.SnapshotFS {
 		return errdefs.Unprocessablef("the snapshot has mode %q; this daemon knows %q and %q", snap.Mode, model.SnapshotFull, model.SnapshotFS)
@@ -150,10 +174,13 @@ func (m *Manager) restorable(snap *model.Snapshot) error {
 			return errdefs.Conflictf("the snapshot's jail runs on image %s (id %s), which this daemon does not have: pull it first (agentjail pull %s)", ref, id, ref)
 		}
 	case strings.HasPrefix(rootfs, config.RootfsDirPrefix):
-		dir := strings.TrimPrefix(rootfs, config.RootfsDirPrefix)
-		if _, err := os.Stat(dir); err != nil {
-			return errdefs.Conflictf("the snapshot's jail runs on the directory %s, which this host lacks", dir)
+		root := strings.TrimPrefix(rootfs, config.RootfsDirPrefix)
+		if _, err := os.Stat(root); err != nil {
+			return errdefs.Conflictf("the snapshot's jail runs on the directory %s, which this host lacks", root)
 		}
+	}
+	if mv, _ := b.(backend.CheckpointMover); mv != nil {
+		return mv.Adopt(dir, req)
 	}
 	return nil
 }

@@ -165,6 +165,15 @@ func TestSnapshotPushPullAcrossDaemons(t *testing.T) {
 	pushEdited(t, ref, reg.Host+"/agentjail/snapshots:missing-rootfs", func(cfg map[string]any) {
 		cfg["snapshot"].(map[string]any)["config"].(map[string]any)["isolation"].(map[string]any)["filesystem"].(map[string]any)["rootfs"] = "image:example.com/gone:1@sha256:" + strings.Repeat("ab", 32)
 	})
+	pushEdited(t, ref, reg.Host+"/agentjail/snapshots:other-build", func(cfg map[string]any) {
+		req := cfg["requires"].(map[string]any)
+		if len(req) == 0 {
+			t.Fatalf("the artifact requires nothing of the host: %v", cfg["requires"])
+		}
+		for k := range req {
+			req[k] = strings.Repeat("0", 64)
+		}
+	})
 	pushEdited(t, ref, reg.Host+"/agentjail/snapshots:huge", func(cfg map[string]any) {
 		cfg["disk_bytes"] = int64(1) << 50
 	})
@@ -184,6 +193,7 @@ func TestSnapshotPushPullAcrossDaemons(t *testing.T) {
 	for tag, want := range map[string]int{
 		"other-level":    http.StatusUnprocessableEntity,
 		"missing-rootfs": http.StatusConflict,
+		"other-build":    http.StatusConflict,
 		"huge":           http.StatusRequestEntityTooLarge,
 		"counter":        http.StatusUnprocessableEntity, // its disk layer is now garbage
 	} {

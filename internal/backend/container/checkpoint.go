@@ -955,12 +955,8 @@ func copyFile(src, dst string) error {
 // binary the checkpointed jail ran, when that differs from the daemon's
 // current one (a daemon upgrade between checkpoint and restore).
 func (b *Backend) pinInitBinary(snapDir, bundle string) error {
-	data, err := os.ReadFile(filepath.Join(snapDir, checkpointRec))
+	info, err := readCheckpointInfo(snapDir)
 	if err != nil {
-		return fmt.Errorf("checkpoint record: %w", err)
-	}
-	var info checkpointInfo
-	if err := json.Unmarshal(data, &info); err != nil {
 		return fmt.Errorf("checkpoint record: %w", err)
 	}
 	if info.InitBinary == "" || info.InitBinary == b.opts.InitBinary {

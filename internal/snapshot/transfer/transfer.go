@@ -64,6 +64,9 @@ type Config struct {
 	// DiskBytes the size of its disk image (holes included).
 	FilesBytes int64 `json:"files_bytes"`
 	DiskBytes  int64 `json:"disk_bytes"`
+	// Requires is what a host restoring the snapshot must match, as its
+	// backend says (backend.CheckpointMover).
+	Requires map[string]string `json:"requires,omitempty"`
 }
 
 // Source is a snapshot to push.
@@ -76,6 +79,8 @@ type Source struct {
 	Skip []string
 	// DiskImage is its disk image.
 	DiskImage string
+	// Requires is what a host restoring it must match.
+	Requires map[string]string
 }
 
 // Result is what a push wrote or a pull read.
@@ -98,7 +103,7 @@ type Result struct {
 func Push(ctx context.Context, ref name.Reference, src Source, opts []remote.Option) (*Result, error) {
 	start := time.Now()
 	doing := "push " + ref.String()
-	cfg := &Config{Format: format, Snapshot: *src.Snapshot}
+	cfg := &Config{Format: format, Snapshot: *src.Snapshot, Requires: src.Requires}
 	opts = append(opts[:len(opts):len(opts)], remote.WithContext(ctx))
 	files, err := pushLayer(ctx, ref.Context(), FilesMediaType, opts, func(w io.Writer) error {
 		cw := &countWriter{w: w}
