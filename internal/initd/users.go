@@ -42,6 +42,12 @@ func (r *fsRoot) lookupUser(spec, group string) (*identity, error) {
 	if spec == "" {
 		return nil, newError(initproto.KindInvalid, "", "user is empty")
 	}
+	// Most lookups hit the cache: stamping the files needs no open for
+	// reading. A miss opens them and stamps the versions it reads.
+	key := identityKey{spec, group}
+	if id, ok := r.users.get(r.stampAccountFile("/etc/passwd"), r.stampAccountFile("/etc/group"), key); ok {
+		return id, nil
+	}
 	pf, pstamp := r.openAccountFile("/etc/passwd")
 	if pf != nil {
 		defer pf.Close()
@@ -49,10 +55,6 @@ func (r *fsRoot) lookupUser(spec, group string) (*identity, error) {
 	gf, gstamp := r.openAccountFile("/etc/group")
 	if gf != nil {
 		defer gf.Close()
-	}
-	key := identityKey{spec, group}
-	if id, ok := r.users.get(pstamp, gstamp, key); ok {
-		return id, nil
 	}
 	passwd, groups := readAccountFile(pf), readAccountFile(gf)
 	id, err := resolveUser(passwd, groups, spec, group)
@@ -109,12 +111,34 @@ func (r *fsRoot) openAccountFile(p string) (*os.File, fileStamp) {
 	if err != nil {
 		return nil, fileStamp{}
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	stamp, ok := stampOf(fd)
+	if !ok {
 		unix.Close(fd)
 		return nil, fileStamp{}
 	}
-	return os.NewFile(uintptr(fd), p), fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	return os.NewFile(uintptr(fd), p), stamp
+}
+
+// stampAccountFile stamps the jail's account file p without opening it
+// for reading (openAccountFile's stamp of the same version).
+func (r *fsRoot) stampAccountFile(p string) fileStamp {
+	fd, err := r.open(p, unix.O_PATH, 0)
+	if err != nil {
+		return fileStamp{}
+	}
+	defer unix.Close(fd)
+	stamp, _ := stampOf(fd)
+	return stamp
+}
+
+// stampOf stamps the regular file open at fd; false when it is not one
+// (the zero stamp).
+func stampOf(fd int) (fileStamp, bool) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fileStamp{}, false
+	}
+	return fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, true
 }
 
 // readAccountFile reads an account file opened by openAccountFile (nil:
