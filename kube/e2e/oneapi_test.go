@@ -111,6 +111,39 @@ func (e *env) testE2B(t *testing.T) {
 	if res, body := do(t, "GET", base+"/v2/sandboxes", http.Header{"X-Api-Key": {"aj_wrong"}}, ""); res.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("a wrong key through the gateway: %d %s", res.StatusCode, body)
 	}
+
+	// An API key is known to the node that issued it only: through the
+	// gateway its sandboxes go there, and its lists hold them.
+	issuer := e.nodes[0]
+	res, body = do(t, "POST", issuer.DaemonURL+"/keys", http.Header{"Authorization": {"Bearer " + e.c.AgentjailToken}, "Content-Type": {"application/json"}},
+		`{"name":"gateway-test","tenant":"gateway-test"}`)
+	var k struct {
+		Secret string `json:"secret"`
+	}
+	if res.StatusCode != http.StatusCreated || json.Unmarshal(body, &k) != nil || k.Secret == "" {
+		t.Fatalf("a key on %s: %d %s", issuer.Name, res.StatusCode, body)
+	}
+	withKey := http.Header{"X-Api-Key": {k.Secret}, "Content-Type": {"application/json"}}
+	var mine []string
+	for range 2 {
+		res, body := do(t, "POST", base+"/v2/sandboxes", withKey, `{"templateID":"base","timeout":120}`)
+		var sb struct {
+			SandboxID string `json:"sandboxID"`
+		}
+		if res.StatusCode/100 != 2 || json.Unmarshal(body, &sb) != nil || res.Header.Get(gateway.NodeHeader) != issuer.Name {
+			t.Fatalf("create with %s's key through the gateway: %d %s on %s", issuer.Name, res.StatusCode, body, res.Header.Get(gateway.NodeHeader))
+		}
+		mine = append(mine, sb.SandboxID)
+	}
+	res, body = do(t, "GET", base+"/v2/sandboxes", withKey, "")
+	if res.StatusCode != http.StatusOK || json.Unmarshal(body, &listed) != nil || len(listed) != 2 {
+		t.Fatalf("the list with %s's key through the gateway: %d %s", issuer.Name, res.StatusCode, body)
+	}
+	for _, id := range mine {
+		if res, body := do(t, "DELETE", base+"/sandboxes/"+id, withKey, ""); res.StatusCode != http.StatusNoContent {
+			t.Fatalf("kill %s with the key through the gateway: %d %s", id, res.StatusCode, body)
+		}
+	}
 	e.noJails(t)
 }
 
@@ -156,6 +189,10 @@ func (e *env) testConsole(t *testing.T) {
 			t.Fatalf("create %s through the console's API: %d %s", name, res.StatusCode, body)
 		}
 		placed[j.ID] = res.Header.Get(gateway.NodeHeader)
+		// Found by asking the nodes (nothing has listed it yet).
+		if res, body := doWith(t, hc, "GET", gw+"/api/jails/"+j.ID, nil, ""); res.StatusCode != http.StatusOK || res.Header.Get(gateway.NodeHeader) != placed[j.ID] {
+			t.Fatalf("jail %s through the console: %d %s from %s", j.ID, res.StatusCode, body, res.Header.Get(gateway.NodeHeader))
+		}
 	}
 	t.Cleanup(func() {
 		for id := range placed {
@@ -186,10 +223,7 @@ func (e *env) testConsole(t *testing.T) {
 
 	// A terminal in each jail, through the console's WebSocket.
 	u, _ := url.Parse(gw)
-	for id, node := range placed {
-		if res, body := doWith(t, hc, "GET", gw+"/api/jails/"+id, nil, ""); res.StatusCode != http.StatusOK || res.Header.Get(gateway.NodeHeader) != node {
-			t.Fatalf("jail %s through the console: %d %s from %s", id, res.StatusCode, body, res.Header.Get(gateway.NodeHeader))
-		}
+	for id := range placed {
 		wctx, cancel := context.WithTimeout(ctx, time.Minute)
 		h := http.Header{"Origin": {gw}}
 		for _, c := range jar.Cookies(u) {

@@ -81,7 +81,7 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	n, err := g.place(r.Context())
+	n, err := g.place(r, e2bPrefix+"/v2/sandboxes?limit=1")
 	if err != nil {
 		g.failE2B(w, err)
 		return

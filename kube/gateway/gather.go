@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -29,8 +30,9 @@ type learner func(g *Gateway, node string, body []byte)
 // gather sends r (a GET without a body) to every node's daemon at path and
 // answers the union of their lists: JSON arrays are joined, and so are the
 // array fields of JSON objects ({"jails": [...]}). A node that refuses
-// (401, 403, 400...) has its answer passed on as it is; a node that does
-// not answer is left out (and logged). learn, if set, records where the
+// the caller's credential (401, 403) is left out when another accepts it;
+// otherwise a refusal (400...) is passed on as it is. A node that does not
+// answer is left out (and logged). learn, if set, records where the
 // items are.
 func (g *Gateway) gather(w http.ResponseWriter, r *http.Request, path string, learn learner) {
 	ctx := r.Context()
@@ -44,12 +46,17 @@ func (g *Gateway) gather(w http.ResponseWriter, r *http.Request, path string, le
 		return
 	}
 	answers := g.ask(ctx, r, ns, path)
+	// A node that does not know the caller's credential (an API key is
+	// its issuer's) has nothing of the caller's: left out, unless no node
+	// knows it.
+	known := slices.ContainsFunc(answers, func(a answer) bool { return a.err == nil && a.status == http.StatusOK })
 	var bodies [][]byte
 	var names []string
 	for _, a := range answers {
 		switch {
 		case a.err != nil:
 			g.log.Warn("gateway: a node did not answer a list", "node", a.node.name, "path", path, "err", a.err)
+		case known && (a.status == http.StatusUnauthorized || a.status == http.StatusForbidden):
 		case a.status != http.StatusOK:
 			for k, v := range a.header {
 				w.Header()[k] = v

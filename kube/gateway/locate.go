@@ -98,23 +98,7 @@ func (g *Gateway) probe(ctx context.Context, r *http.Request, ns []agentNode, pa
 	found := make(chan int, len(ns))
 	for i, n := range ns {
 		go func() {
-			req, err := http.NewRequestWithContext(ctx, http.MethodHead, strings.TrimSuffix(n.api.String(), "/")+path, nil)
-			if err != nil {
-				found <- -1
-				return
-			}
-			copyCredentials(req.Header, r.Header)
-			for k, v := range extra {
-				req.Header[k] = v
-			}
-			res, err := g.http.Do(req)
-			if err != nil {
-				found <- -1
-				return
-			}
-			_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
-			res.Body.Close()
-			if res.StatusCode/100 == 2 {
+			if g.answers(ctx, r, n, path, extra) {
 				found <- i
 				return
 			}
@@ -127,6 +111,26 @@ func (g *Gateway) probe(ctx context.Context, r *http.Request, ns []agentNode, pa
 		}
 	}
 	return -1
+}
+
+// answers reports whether node n answers HEAD path (with r's credentials,
+// extra headers added) with 2xx.
+func (g *Gateway) answers(ctx context.Context, r *http.Request, n agentNode, path string, extra http.Header) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, strings.TrimSuffix(n.api.String(), "/")+path, nil)
+	if err != nil {
+		return false
+	}
+	copyCredentials(req.Header, r.Header)
+	for k, v := range extra {
+		req.Header[k] = v
+	}
+	res, err := g.http.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
+	res.Body.Close()
+	return res.StatusCode/100 == 2
 }
 
 func copyCredentials(dst, src http.Header) {

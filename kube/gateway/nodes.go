@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -81,9 +82,12 @@ func toAgentNode(n *corev1.Node) (agentNode, error) {
 	return agentNode{name: n.Name, api: u, ready: ready}, nil
 }
 
-// place picks the node of a new jail: the ready nodes in turn.
-func (g *Gateway) place(ctx context.Context) (agentNode, error) {
-	ns, err := g.nodes(ctx)
+// place picks the node of a new jail: the ready nodes in turn, among
+// those that accept the caller's credentials (an API key is known to the
+// daemon that issued it only; the cluster's token to all). acceptPath is
+// a read the caller may make on a node that knows its credentials.
+func (g *Gateway) place(r *http.Request, acceptPath string) (agentNode, error) {
+	ns, err := g.nodes(r.Context())
 	if err != nil {
 		return agentNode{}, err
 	}
@@ -91,7 +95,30 @@ func (g *Gateway) place(ctx context.Context) (agentNode, error) {
 	if len(ns) == 0 {
 		return agentNode{}, errNoNode
 	}
+	if len(ns) > 1 {
+		if ok := g.accepting(r, ns, acceptPath); len(ok) > 0 {
+			ns = ok
+		}
+	}
 	return ns[(g.turn.Add(1)-1)%uint64(len(ns))], nil
+}
+
+// accepting returns the nodes of ns whose daemon answers HEAD path with
+// r's credentials with 2xx.
+func (g *Gateway) accepting(r *http.Request, ns []agentNode, path string) []agentNode {
+	ok := make([]bool, len(ns))
+	var wg sync.WaitGroup
+	for i, n := range ns {
+		wg.Go(func() { ok[i] = g.answers(r.Context(), r, n, path, nil) })
+	}
+	wg.Wait()
+	var out []agentNode
+	for i, n := range ns {
+		if ok[i] {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // first is the first ready node (by name): the one that answers for what
@@ -114,7 +141,7 @@ func (g *Gateway) first(ctx context.Context) (agentNode, error) {
 
 // create places a new jail (POST /jails).
 func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
-	n, err := g.place(r.Context())
+	n, err := g.place(r, "/whoami")
 	if err != nil {
 		g.fail(w, err)
 		return
