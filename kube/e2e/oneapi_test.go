@@ -61,6 +61,9 @@ func (e *env) testE2B(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test compat.test.mjs through the gateway:\n%s", out)
 	if err != nil {
+		if b, rerr := os.ReadFile(filepath.Join(e.c.Dir, "gateway.log")); rerr == nil {
+			t.Logf("the gateway's log:\n%s", b)
+		}
 		t.Fatalf("the E2B SDK scenario through the gateway failed: %v", err)
 	}
 

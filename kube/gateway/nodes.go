@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -190,6 +191,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n agentNode, p
 		},
 		// Streams (SSE, exec output) are flushed as they come.
 		FlushInterval: -1,
+		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
 		ModifyResponse: func(res *http.Response) error {
 			res.Header.Set(NodeHeader, n.name)
 			return nil
