@@ -126,6 +126,7 @@ when it stops.`,
 	cmd.Flags().StringVar(&toolsDir, "tools-dir", "", "where agent CLIs are installed, one read-only tree per version shared by all jails (default DATA_DIR/tools)")
 	cmd.Flags().StringVar(&secretsFile, "secrets-file", "", "KEY=VALUE file (mode 0600) of the model API keys the proxy adds for agents, e.g. ANTHROPIC_API_KEY (default DATA_DIR/secrets.env; the daemon's environment is read too)")
 	cmd.Flags().StringVar(&lv.criu, "criu", "", "CRIU binary for process snapshots (default: /usr/local/sbin/criu, else criu on PATH; without a working one only fs snapshots are available)")
+	cmd.Flags().BoolVar(&lv.privateBranchMemory, "private-branch-memory", false, "give every jail restored from a snapshot (restores, branches) memory of its own: by default the kernel's same-page merging (ksmd, started at the first restore) shares the pages such jails hold alike, copy-on-write, which saves memory but lets one restored jail tell by timing whether another holds a page it guesses")
 	cmd.Flags().StringVar(&poolSize, "pool-size", "", "size of the storage pool image, e.g. 64g (default: 64 GiB or 90% of the free space)")
 	cmd.Flags().StringVar(&otlpEndpoint, "otlp-endpoint", "", "export traces of API calls and the jails' events (as logs) over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (default: no export)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "also serve the Prometheus metrics without a credential at http://ADDR/metrics (e.g. 127.0.0.1:9108); GET /metrics on the API takes an admin key or the token")
