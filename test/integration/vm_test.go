@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -103,6 +104,21 @@ func TestVMBranch(t *testing.T) {
 	pids := []int{j.Pid}
 	for _, b := range branches {
 		pids = append(pids, b.Pid)
+	}
+	// No machine's memory is offered to the host's same-page merging
+	// (the daemon starts ksmd for restored container jails): merged pages
+	// would let one jail's machine time what another's holds.
+	for _, pid := range pids {
+		smaps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(smaps), "\n") {
+			if strings.HasPrefix(l, "VmFlags:") && slices.Contains(strings.Fields(l), "mg") {
+				t.Errorf("machine pid %d has mergeable memory (%s)", pid, l)
+				break
+			}
+		}
 	}
 	for _, id := range append([]string{j.ID}, branches[0].ID, branches[1].ID, branches[2].ID) {
 		if err := c.Destroy(ctx, id); err != nil {

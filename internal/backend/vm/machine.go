@@ -88,7 +88,10 @@ func (s machineSpec) args() []string {
 		}
 	}
 	a := []string{
-		"-M", "microvm,x-option-roms=off,pit=off,pic=off,rtc=off,isa-serial=on",
+		// mem-merge=off: the guest's RAM is never offered to the host's
+		// same-page merging, which would let one jail's machine learn by
+		// timing what another's memory holds.
+		"-M", "microvm,x-option-roms=off,pit=off,pic=off,rtc=off,isa-serial=on,mem-merge=off",
 		"-accel", s.accelOpts(),
 		"-cpu", "max",
 		"-smp", strconv.Itoa(s.cpus),

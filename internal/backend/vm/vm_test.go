@@ -55,6 +55,9 @@ func TestMachineArgs(t *testing.T) {
 	if !strings.HasSuffix(cmdline, " -- vminit") {
 		t.Errorf("kernel command line %q does not end with init's arguments", cmdline)
 	}
+	if !slices.Contains(strings.Split(value("-M"), ","), "mem-merge=off") {
+		t.Errorf("machine %q: its RAM may be merged with other machines' (mem-merge is not off)", value("-M"))
+	}
 	if value("-accel") != "tcg,tb-size=128" || value("-smp") != "2" || value("-m") != "704M" {
 		t.Errorf("machine: %q", joined)
 	}
