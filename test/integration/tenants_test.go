@@ -95,6 +95,8 @@ var crossTenantBodies = map[string]any{
 	"POST /jails/{id}/snapshot":        map[string]any{"mode": "fs"},
 	"POST /snapshots/{sid}/restore":    map[string]any{},
 	"POST /snapshots/{sid}/branch":     map[string]any{"count": 1},
+	"POST /snapshots/{sid}/push":       map[string]any{"ref": "127.0.0.1:1/none/such:1"},
+	"POST /snapshots/pull":             map[string]any{"ref": "127.0.0.1:1/none/such:1"},
 	"POST /jails/{id}/commit":          map[string]any{"ref": "stolen/image:1"},
 	"POST /jails/{id}/previews":        map[string]any{"port": 8080},
 	"POST /jails/{id}/agent/run":       map[string]any{"prompt": "hi"},
@@ -154,24 +156,25 @@ var crossTenantBodies = map[string]any{
 // they act on the caller's own tenant (or on nothing), and what they
 // answer must not mention the other tenant's resources.
 var ownRoutes = map[string]string{
-	"GET /health":        "public: jail counts only",
-	"GET /whoami":        "the caller itself",
-	"GET /jails":         "a list: the caller's tenant's jails",
-	"GET /stats":         "a list: the caller's tenant's jails",
-	"GET /snapshots":     "a list: the caller's tenant's snapshots",
-	"GET /images":        "a list: the caller's tenant's images",
-	"GET /audit":         "a list: the caller's tenant's audit lines",
-	"GET /metrics":       "admin only: names every tenant's jails",
-	"POST /mcp":          "its tools are API requests with the caller's key: run_command on a's jail is tried below",
-	"GET /profiles":      "shared definitions every tenant may use",
-	"GET /agents":        "the agent CLIs installed on the host, shared",
-	"POST /jails":        "creates a jail of the caller's tenant",
-	"POST /images/pull":  "pulls into the caller's tenant",
-	"POST /images/load":  "loads into the caller's tenant",
-	"POST /images/prune": "admin only: touches every tenant's images",
-	"GET /keys":          "the token only",
-	"POST /keys":         "the token only",
-	"GET /diff":          "names jails and snapshots in its query: checked below",
+	"GET /health":          "public: jail counts only",
+	"GET /whoami":          "the caller itself",
+	"GET /jails":           "a list: the caller's tenant's jails",
+	"GET /stats":           "a list: the caller's tenant's jails",
+	"GET /snapshots":       "a list: the caller's tenant's snapshots",
+	"GET /images":          "a list: the caller's tenant's images",
+	"GET /audit":           "a list: the caller's tenant's audit lines",
+	"GET /metrics":         "admin only: names every tenant's jails",
+	"POST /mcp":            "its tools are API requests with the caller's key: run_command on a's jail is tried below",
+	"GET /profiles":        "shared definitions every tenant may use",
+	"GET /agents":          "the agent CLIs installed on the host, shared",
+	"POST /jails":          "creates a jail of the caller's tenant",
+	"POST /images/pull":    "pulls into the caller's tenant",
+	"POST /images/load":    "loads into the caller's tenant",
+	"POST /snapshots/pull": "pulls into the caller's tenant",
+	"POST /images/prune":   "admin only: touches every tenant's images",
+	"GET /keys":            "the token only",
+	"POST /keys":           "the token only",
+	"GET /diff":            "names jails and snapshots in its query: checked below",
 }
 
 // adminRoutes are refused (403) to user and viewer keys whatever they
@@ -295,6 +298,10 @@ func TestTenantIsolation(t *testing.T) {
 			case hasParam(op) || tmpl == "/diff":
 				if r.status != http.StatusNotFound {
 					t.Errorf("%s %s as %s: %s, want 404: the other tenant's resource must look absent", method, target, at.who, r)
+				}
+			case tmpl == "/snapshots/pull":
+				if r.status < 400 || r.status == http.StatusForbidden {
+					t.Errorf("%s %s as %s: %s, want a failed pull (nothing answers at the ref)", method, target, at.who, r)
 				}
 			case tmpl == "/images/pull":
 				if r.status < 400 && !strings.Contains(string(r.body), `"type":"error"`) || r.status == http.StatusForbidden && !at.viewer {
