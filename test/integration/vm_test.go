@@ -42,9 +42,14 @@ func TestVMBranch(t *testing.T) {
 		}
 		return res.Stdout
 	}
+	// count reads id's counter (-1 before its first write).
 	count := func(id string) int {
 		t.Helper()
-		n, err := strconv.Atoi(strings.TrimSpace(sh(id, "cat /workspace/count")))
+		out := strings.TrimSpace(sh(id, "cat /workspace/count 2>/dev/null || true"))
+		if out == "" {
+			return -1
+		}
+		n, err := strconv.Atoi(out)
 		if err != nil {
 			t.Fatalf("the counter of %s: %v", id, err)
 		}
@@ -65,7 +70,8 @@ func TestVMBranch(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	sh(j.ID, `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null`)
+	// The counter replaces its file whole (a reader never sees it empty).
+	sh(j.ID, `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/count.new; mv /workspace/count.new /workspace/count; sleep 0.1; done' >/dev/null 2>&1 </dev/null`)
 	sh(j.ID, "echo changed-before-the-snapshot > /workspace/changed.txt")
 	waitAbove(j.ID, 2)
 	snap, err := c.Snapshot(ctx, j.ID, ajclient.SnapshotRequest{Mode: model.SnapshotFull})
