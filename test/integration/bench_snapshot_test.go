@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -32,7 +33,11 @@ import (
 // disk. Beside the frozen time of a jail with memory resident: the time to
 // write as many bytes into the page cache of the snapshots' filesystem
 // (frozen-copy-floor-ms), which a dump without dirty tracking adds at
-// least.
+// least. Beside the branch ×10 of such a jail: the time to read the
+// snapshot's memory pages into ten fresh processes' worth of memory at
+// once (branch10-copy-floor-ms), which a restore that copies pages (CRIU's
+// only way that shares nothing with a live process) adds at least to the
+// small jail's branch ×10.
 
 func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
 	d := shared(b)
@@ -167,6 +172,12 @@ func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
 			d.destroy(b, bj.ID)
 		}
 	}
+	var branchFloor []time.Duration
+	if wantMem > 0 {
+		for range 3 {
+			branchFloor = append(branchFloor, readPagesTenTimes(b, filepath.Join(d.dir, "snapshots", s.ID)))
+		}
+	}
 	d.api.want(b, http.StatusNoContent, "DELETE", "/snapshots/"+s.ID, nil, nil)
 
 	// Five fs-only snapshots of the (unchanged) jail, and the pool's
@@ -195,6 +206,9 @@ func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
 	}
 	b.ReportMetric(ms(median(restore)), "restore-ms")
 	b.ReportMetric(ms(median(branch10)), "branch10-ms")
+	if len(branchFloor) > 0 {
+		b.ReportMetric(ms(median(branchFloor)), "branch10-copy-floor-ms")
+	}
 	b.ReportMetric(ms(median(firstExec)), "branch-first-exec-ms")
 	b.ReportMetric(float64(branchPSSFirst)/1024, "branch10-pss-answered-MiB")
 	b.ReportMetric(float64(branchPSS)/1024, "branch10-pss-MiB")
@@ -207,6 +221,61 @@ func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
 	// Hundreds of MiB of images were written and deleted: the benchmarks
 	// that follow start on a quiet disk.
 	syscall.Sync()
+}
+
+// readPagesTenTimes reads the memory pages of a process snapshot (CRIU's
+// pages-*.img under dir) into ten fresh anonymous mappings at once, as ten
+// restores copy them, and returns the wall time.
+func readPagesTenTimes(b *testing.B, dir string) time.Duration {
+	b.Helper()
+	pages, err := filepath.Glob(filepath.Join(dir, "*", "pages-*.img"))
+	if err != nil || len(pages) == 0 {
+		b.Fatalf("no pages images under %s: %v", dir, err)
+	}
+	var size int64
+	sizes := make([]int, len(pages))
+	for i, p := range pages {
+		fi, err := os.Stat(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sizes[i] = int(fi.Size())
+		size += fi.Size()
+	}
+	errs := make(chan error, 10)
+	start := time.Now()
+	for range 10 {
+		go func() {
+			mem, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer syscall.Munmap(mem)
+			off := 0
+			for i, p := range pages {
+				f, err := os.Open(p)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_, err = io.ReadFull(f, mem[off:off+sizes[i]])
+				f.Close()
+				if err != nil {
+					errs <- err
+					return
+				}
+				off += sizes[i]
+			}
+			errs <- nil
+		}()
+	}
+	for range 10 {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
 }
 
 // branchesMemory sums the PSS (KiB) of the processes of jails, and their
