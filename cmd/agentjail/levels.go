@@ -16,16 +16,16 @@ type levelFlags struct {
 	runsc string
 	// unsafeNone offers the none level (no isolation; development only).
 	unsafeNone bool
-	// privateBranchMemory keeps restored jails' memory out of the
-	// kernel's same-page merging.
-	privateBranchMemory bool
+	// shareBranchMemory opens restored jails' memory to the kernel's
+	// same-page merging.
+	shareBranchMemory bool
 }
 
 // factories returns the backends of every isolation level this binary
 // has, in the order the daemon reports them.
 func (f levelFlags) factories() []backend.Factory {
 	return []backend.Factory{
-		container.Factory(f.runtime, f.criu, !f.privateBranchMemory),
+		container.Factory(f.runtime, f.criu, f.shareBranchMemory),
 		process.Factory(),
 		gvisor.Factory(f.runsc),
 		process.NoneFactory(f.unsafeNone),

@@ -40,7 +40,8 @@ import (
 // small jail's branch ×10.
 
 func benchSnapshot(b *testing.B, resident string, wantMem uint64) {
-	d := shared(b)
+	// Restored jails share memory only when the daemon is told to.
+	d := newDaemon(b, "--share-branch-memory")
 	j := d.createJail(b, map[string]any{"isolation": map[string]any{"resources": map[string]any{"memory_bytes": max(1<<30, 2*wantMem)}}})
 	if res := d.shAs(b, j.ID, "", counterScript); res.ExitCode != 0 {
 		b.Fatalf("counter: %s", &res)

@@ -130,9 +130,9 @@ func needKSM(t *testing.T) {
 // Branches of a jail share the memory they hold alike, copy-on-write: a
 // page one branch writes becomes its own, the others (and the original)
 // keep what the snapshot held. The original jail's memory is not open to
-// merging.
+// merging. Sharing is the daemon's choice (--share-branch-memory).
 func TestSnapshotBranchesShareMemory(t *testing.T) {
-	d := shared(t)
+	d := newDaemon(t, "--share-branch-memory")
 	needKSM(t)
 	j := d.createJail(t, map[string]any{"isolation": map[string]any{"resources": map[string]any{"memory_bytes": 512 << 20}}})
 	if res := d.shAs(t, j.ID, "", holderScript); res.ExitCode != 0 {
@@ -191,9 +191,11 @@ func TestSnapshotBranchesShareMemory(t *testing.T) {
 	}
 }
 
-// With --private-branch-memory a restored jail's memory stays its own.
+// By default a restored jail's memory stays its own: no page of it is open
+// to the kernel's same-page merging, which would let another restored jail
+// tell by timing whether it holds a page.
 func TestSnapshotPrivateBranchMemory(t *testing.T) {
-	d := newDaemon(t, "--private-branch-memory")
+	d := shared(t)
 	needKSM(t)
 	j := d.createJail(t, nil)
 	if res := d.shAs(t, j.ID, "", counterScript); res.ExitCode != 0 {
