@@ -3,13 +3,19 @@
 // a part of it or an empty file. The new content goes to a temporary file
 // in the target's directory, which is synced, renamed over the target, and
 // the directory is synced so that the rename itself is durable.
+//
+// Refresh keeps the first promise without the second, for files that are
+// derived from durable state and written again before every use.
 package atomicfile
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // tmpPattern names the temporary files: hidden, and never ending like the
@@ -28,6 +34,54 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return f.Commit()
+}
+
+// Refresh replaces path with data, with permissions perm, so that a
+// reader sees either the old content or the new one, like WriteFile, but
+// without waiting for the disk: after a crash or a power loss path may
+// hold either, or be empty. When path already holds data with perm it is
+// left alone. Refresh is for files derived from durable state and written
+// again before each use (a container's runtime spec, the configuration a
+// process reads when it starts), which no one reads after a crash before
+// they are written again. On error path is unchanged and no temporary file
+// is left.
+func Refresh(path string, data []byte, perm os.FileMode) error {
+	if holds(path, data, perm) {
+		return nil
+	}
+	f, err := Create(path, perm)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	cerr := f.Close()
+	f.done = true
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// holds reports whether path is a regular file (not a link to one) with
+// permissions perm whose content is data.
+func holds(path string, data []byte, perm os.FileMode) bool {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm() != perm || st.Size() != int64(len(data)) {
+		return false
+	}
+	old := make([]byte, len(data)+1)
+	n, _ := io.ReadFull(f, old)
+	return n == len(data) && bytes.Equal(old[:n], data)
 }
 
 // File is the new content of a file being written; Commit puts it in place

@@ -215,3 +215,87 @@ func TestWriteFileSyncsFileThenDirectory(t *testing.T) {
 		t.Fatalf("order %q, want the file synced, renamed, then its directory synced\n%s", got, out)
 	}
 }
+
+func TestRefresh(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.json")
+	ino := func() uint64 {
+		t.Helper()
+		st, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Sys().(*syscall.Stat_t).Ino
+	}
+	check := func(want string, mode os.FileMode) {
+		t.Helper()
+		st, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want || st.Mode() != mode {
+			t.Fatalf("%s holds %q with mode %v, want %q with %v", path, got, st.Mode(), want, mode)
+		}
+		if names := entries(t, dir); len(names) != 1 {
+			t.Fatalf("%s holds %q, want the file alone", dir, names)
+		}
+	}
+	if err := Refresh(path, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check("one", 0o600)
+	first := ino()
+	// The same content again leaves the file alone.
+	if err := Refresh(path, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ino() != first {
+		t.Error("refreshing a file with the content it holds replaced it")
+	}
+	for _, c := range []struct {
+		data string
+		mode os.FileMode
+	}{{"two", 0o600}, {"twoo", 0o600}, {"twoo", 0o644}} {
+		before := ino()
+		if err := Refresh(path, []byte(c.data), c.mode); err != nil {
+			t.Fatal(err)
+		}
+		check(c.data, c.mode)
+		if ino() == before {
+			t.Errorf("%q with mode %v was written in place, not replaced", c.data, c.mode)
+		}
+	}
+	// A link to a file holding the content is replaced, not followed.
+	other := filepath.Join(t.TempDir(), "other")
+	if err := os.WriteFile(other, []byte("three"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := Refresh(path, []byte("three"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check("three", 0o600)
+	// A FIFO in its place is replaced without blocking on it.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Refresh(path, []byte("four"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check("four", 0o600)
+	if err := Refresh(filepath.Join(dir, "missing", "x"), []byte("x"), 0o600); err == nil {
+		t.Error("refreshing a file in a missing directory succeeded")
+	}
+}
