@@ -476,7 +476,13 @@ func (m *Manager) Attach(ctx context.Context, j Jail) (Attachment, error) {
 	return m.attachment(js, cp), nil
 }
 
-func (m *Manager) attachment(js *jailState, cp *compiledPolicy) Attachment {
+// Env returns the environment Attach gives a jail of mode mode under
+// policy p (Attachment.Env), without attaching anything: a jail's
+// processes can be set up with it while its network is being attached.
+func (m *Manager) Env(mode string, p Policy) map[string]string {
+	if mode != "" && mode != ModeIsolated && mode != ModeBridge {
+		return nil
+	}
 	proxy := fmt.Sprintf("http://%s:%d", m.daemon, m.ports.Proxy)
 	env := map[string]string{
 		"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy, "https_proxy": proxy,
@@ -485,7 +491,7 @@ func (m *Manager) attachment(js *jailState, cp *compiledPolicy) Attachment {
 	}
 	env["all_proxy"] = env["ALL_PROXY"]
 	env["no_proxy"] = env["NO_PROXY"]
-	if cp.src.TLSInspection || len(cp.src.Credentials) > 0 {
+	if p.TLSInspection || len(p.Credentials) > 0 {
 		// These variables replace a client's roots, so they name the full
 		// bundle; node's adds to its own.
 		for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"} {
@@ -493,8 +499,12 @@ func (m *Manager) attachment(js *jailState, cp *compiledPolicy) Attachment {
 		}
 		env["NODE_EXTRA_CA_CERTS"] = JailCAPath
 	}
+	return env
+}
+
+func (m *Manager) attachment(js *jailState, cp *compiledPolicy) Attachment {
 	return Attachment{
-		IP: js.ip, Gateway: m.daemon, Interface: js.veth, Env: env,
+		IP: js.ip, Gateway: m.daemon, Interface: js.veth, Env: m.Env(js.mode, cp.src),
 		ResolvConf: fmt.Sprintf("nameserver %s\noptions ndots:0\n", m.daemon),
 		CAPEM:      m.ca.certPEM, CAPath: JailCAPath,
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,6 +132,16 @@ func TestTLSInspectionAndCredentials(t *testing.T) {
 		if env[k] == "" {
 			t.Errorf("attachment env lacks %s", k)
 		}
+	}
+	// A backend sets its jail's processes up with Env while it attaches.
+	if got := e.m.Env(ModeIsolated, p); !maps.Equal(got, j.att.Env) {
+		t.Errorf("Env = %v, the attachment's env is %v", got, j.att.Env)
+	}
+	if got := e.m.Env(ModeIsolated, basePolicy()); got["SSL_CERT_FILE"] != "" || got["https_proxy"] != j.att.Env["https_proxy"] {
+		t.Errorf("Env without inspection = %v", got)
+	}
+	if got := e.m.Env(ModeNone, p); got != nil {
+		t.Errorf("Env of mode none = %v, want none", got)
 	}
 	caEnv := map[string]string{"SSL_CERT_FILE": e.caJF}
 	if s, c := j.curl(t, caEnv, "https://api.test/v1/models?x=1"); s != "200" {

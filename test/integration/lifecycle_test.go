@@ -24,15 +24,18 @@ type faultRuntime struct {
 
 // faultScript is the runtime script; CTL and REAL are replaced.
 const faultScript = `#!/bin/sh
-# runc, with the fault the test wrote to CTL/<verb> (fail, hold, noconfig).
+# runc, with the fault the test wrote to CTL/<verb> (fail, hold, noconfig,
+# die).
 ctl='CTL'
 real='REAL'
 verb=
 bundle=
+pidfile=
 prev=
 for a in "$@"; do
 	case "$prev" in
 	--bundle|-b) bundle=$a ;;
+	--pid-file) pidfile=$a ;;
 	esac
 	if [ -z "$verb" ]; then
 		case "$a" in
@@ -49,6 +52,11 @@ if [ -n "$verb" ] && [ -f "$ctl/$verb" ]; then
 	noconfig)
 		# The container starts, and its init finds no configuration.
 		rm -f "$bundle/run/init.json" ;;
+	die)
+		# The container is made, and its process dies before it starts.
+		"$real" "$@" || exit
+		kill -9 "$(cat "$pidfile")"
+		exit 0 ;;
 	hold)
 		: >"$ctl/$verb.held"
 		i=0
@@ -85,7 +93,8 @@ func newFaultRuntime(t *testing.T) *faultRuntime {
 	return &faultRuntime{dir: ctl, path: path}
 }
 
-// set makes verb behave as fault ("fail", "hold", "noconfig") until clear.
+// set makes verb behave as fault ("fail", "hold", "noconfig", "die")
+// until clear.
 func (f *faultRuntime) set(t *testing.T, verb, fault string) {
 	t.Helper()
 	for _, n := range []string{verb + ".held", verb + ".release"} {
@@ -133,10 +142,10 @@ func (d *daemon) listed(t *testing.T, name string) bool {
 // TestCleanupFailedCreateLate makes creates fail after the jail's disk,
 // root overlay, network namespace and network attachment exist: the
 // runtime refuses to create the container, the container exists (with its
-// cgroup) and the runtime refuses to start it, or the container starts and
-// its init dies before it is ready. Each create answers an error with a
-// message, the jail is not listed, its name is free again, and the host
-// holds nothing more than before.
+// cgroup) and its process dies before it is started, or the container
+// starts and its init dies before it is ready. Each create answers an
+// error with a message, the jail is not listed, its name is free again,
+// and the host holds nothing more than before.
 func TestCleanupFailedCreateLate(t *testing.T) {
 	rt := newFaultRuntime(t)
 	d := newDaemon(t, "--runtime", rt.path)
@@ -147,7 +156,7 @@ func TestCleanupFailedCreateLate(t *testing.T) {
 		logged string
 	}{
 		{"runtime create fails", "create", "fail", "injected failure of runc create"},
-		{"runtime start fails", "start", "fail", "injected failure of runc start"},
+		{"container process dies before its start", "create", "die", "the container process exited before it started"},
 		{"init dies before ready", "create", "noconfig", "init exited before it was ready"},
 	}
 	for _, c := range cases {
@@ -160,7 +169,7 @@ func TestCleanupFailedCreateLate(t *testing.T) {
 				var j jailInfo
 				_ = json.Unmarshal(r.body, &j)
 				d.destroy(t, j.ID)
-				t.Fatalf("the create succeeded although runc %s was made to fail: %s", c.verb, r)
+				t.Fatalf("the create succeeded although runc %s was made to %s: %s", c.verb, c.fault, r)
 			}
 			if r.status/100 != 4 && r.status/100 != 5 {
 				t.Errorf("want a 4xx or 5xx, got %s", r)
@@ -203,9 +212,9 @@ func TestCleanupFailedCreateLate(t *testing.T) {
 	// and DELETE takes everything away.
 	t.Run("start of a created jail fails", func(t *testing.T) {
 		j := d.createJail(t, map[string]any{"start": false})
-		rt.set(t, "start", "fail")
+		rt.set(t, "create", "die")
 		r := d.api.do(t, "POST", "/jails/"+j.ID+"/start", nil)
-		rt.clear(t, "start")
+		rt.clear(t, "create")
 		if r.status/100 != 4 && r.status/100 != 5 || r.errorMessage() == "" {
 			t.Fatalf("a start whose runtime fails: want an error with a message, got %s", r)
 		}
@@ -287,8 +296,8 @@ func TestLifecycleTransitions(t *testing.T) {
 	}
 
 	t.Run("starting", func(t *testing.T) {
-		rt.set(t, "start", "hold")
-		t.Cleanup(func() { rt.clear(t, "start") })
+		rt.set(t, "create", "hold")
+		t.Cleanup(func() { rt.clear(t, "create") })
 		done := make(chan *response, 1)
 		go func() {
 			r, _ := d.api.send("POST", base+"/start", nil)
@@ -296,15 +305,15 @@ func TestLifecycleTransitions(t *testing.T) {
 		}()
 		inState(t, "starting")
 		if err := waitFor(30*time.Second, func() error {
-			if !rt.held("start") {
-				return fmt.Errorf("runc start is not being held")
+			if !rt.held("create") {
+				return fmt.Errorf("runc create is not being held")
 			}
 			return nil
 		}); err != nil {
 			t.Fatal(err)
 		}
 		during(t, "starting")
-		rt.clear(t, "start")
+		rt.clear(t, "create")
 		r := <-done
 		if r == nil || r.status != http.StatusOK {
 			t.Fatalf("the held start, once released: %v", r)

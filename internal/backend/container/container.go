@@ -6,6 +6,7 @@ package container
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -284,14 +285,21 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 	if err := storage.MountOverlay(lowers, p.upper, p.work, p.merged); err != nil {
 		return fmt.Errorf("jail root: %w", err)
 	}
-	if err := b.writeControl(inst, p, nil); err != nil {
+	// What Start writes again: it finds them as they are when nothing
+	// changed meanwhile.
+	if err := b.writeControl(inst, p, b.net.Env(inst)); err != nil {
 		return err
 	}
 	if err := netns.Create(p.netns); err != nil {
 		return fmt.Errorf("network namespace: %w", err)
 	}
-	return b.writeBundle(inst, p, false)
+	return b.writeBundle(inst, p, hostNetwork(inst.Config))
 }
+
+// hostNetwork reports whether the jail shares the host's network
+// namespace (mode host, which the network attachment refuses unless the
+// daemon allows it).
+func hostNetwork(c *config.Config) bool { return c.Isolation.Network.Mode == config.NetHost }
 
 // seedUpper creates the workspace (owned by the jail's user) in the upper
 // layer when the lower tree lacks it, and hands the upper to the mapped
@@ -447,8 +455,9 @@ func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string
 	if err != nil {
 		return err
 	}
+	// Written before each start, from the jail's record: not synced.
 	path := filepath.Join(p.control, initproto.ConfigName)
-	if err := atomicfile.WriteFile(path, data, 0o600); err != nil {
+	if err := atomicfile.Refresh(path, data, 0o600); err != nil {
 		return err
 	}
 	if userns(inst.Config) {
@@ -521,53 +530,82 @@ func (b *Backend) ensure(ctx context.Context, inst backend.Instance, p paths) er
 // the network is detached; mounts are left to the caller's cleanup, as
 // after a failed ensure.
 func (b *Backend) prepare(ctx context.Context, inst backend.Instance, p paths) (netpolicy.Attachment, error) {
-	if !netns.Exists(p.netns) {
-		if err := netns.Create(p.netns); err != nil {
-			return netpolicy.Attachment{}, fmt.Errorf("network namespace: %w", err)
-		}
+	a, err := b.startAttach(ctx, inst, p)
+	if err != nil {
+		return netpolicy.Attachment{}, err
 	}
-	type attached struct {
-		att netpolicy.Attachment
-		err error
-	}
-	done := make(chan attached, 1)
-	go func() {
-		att, err := b.net.Attach(ctx, inst, p.netns)
-		done <- attached{att, err}
-	}()
-	err := b.ensure(ctx, inst, p)
-	a := <-done
-	if err != nil || a.err != nil {
-		if a.err == nil {
-			b.detach(context.WithoutCancel(ctx), inst)
-		}
-		if err != nil {
-			return netpolicy.Attachment{}, err
-		}
-		return netpolicy.Attachment{}, a.err
-	}
-	return a.att, b.writeNetFiles(ctx, inst, p, a.att)
+	err = b.ensure(ctx, inst, p)
+	return a.finish(ctx, err)
 }
 
-// Start implements backend.Backend.
-func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Status, error) {
+// attaching is a network attachment under way (startAttach).
+type attaching struct {
+	b    *Backend
+	inst backend.Instance
+	p    paths
+	done chan struct{}
+	att  netpolicy.Attachment
+	err  error
+}
+
+// startAttach makes the jail's network namespace when it is missing and
+// starts attaching it to the network; the caller must call finish.
+func (b *Backend) startAttach(ctx context.Context, inst backend.Instance, p paths) (*attaching, error) {
+	if !netns.Exists(p.netns) {
+		if err := netns.Create(p.netns); err != nil {
+			return nil, fmt.Errorf("network namespace: %w", err)
+		}
+	}
+	a := &attaching{b: b, inst: inst, p: p, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.att, a.err = b.net.Attach(ctx, inst, p.netns)
+	}()
+	return a, nil
+}
+
+// finish waits for the attachment. When failed (the caller's own error,
+// with which the jail cannot start) is nil, it writes the network's files
+// into the jail's mounted root and returns the attachment; otherwise, or
+// when the attachment or the files failed, the jail is detached and the
+// first error returned.
+func (a *attaching) finish(ctx context.Context, failed error) (netpolicy.Attachment, error) {
+	<-a.done
+	if failed != nil || a.err != nil {
+		if a.err == nil {
+			a.b.detach(context.WithoutCancel(ctx), a.inst)
+		}
+		return netpolicy.Attachment{}, cmp.Or(failed, a.err)
+	}
+	return a.att, a.b.writeNetFiles(ctx, a.inst, a.p, a.att)
+}
+
+// Start implements backend.Backend. The jail's network is attached while
+// its container is made (the two are independent until the network's
+// files go into the root); init starts once both are done.
+func (b *Backend) Start(ctx context.Context, inst backend.Instance) (st backend.Status, err error) {
 	p := b.paths(inst)
 	t0 := time.Now()
-	att, err := b.prepare(ctx, inst, p)
+	a, err := b.startAttach(ctx, inst, p)
 	if err != nil {
 		return backend.Status{}, err
 	}
-	tPrepare := time.Now()
-	ok := false
+	attached := false
 	defer func() {
-		if !ok {
+		if !attached {
+			_, _ = a.finish(ctx, err)
+		} else if err != nil {
 			b.detach(context.WithoutCancel(ctx), inst)
 		}
 	}()
-	if err := b.writeControl(inst, p, att.Env); err != nil {
+	if err := b.ensure(ctx, inst, p); err != nil {
 		return backend.Status{}, err
 	}
-	if err := b.writeBundle(inst, p, att.HostNetwork); err != nil {
+	tPrepare := time.Now()
+	if err := b.writeControl(inst, p, b.net.Env(inst)); err != nil {
+		return backend.Status{}, err
+	}
+	if err := b.writeBundle(inst, p, hostNetwork(inst.Config)); err != nil {
 		return backend.Status{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
@@ -587,20 +625,25 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (backend.Sta
 		return backend.Status{}, fmt.Errorf("create container: %w", err)
 	}
 	tCreate := time.Now()
-	if inst.OnCreated != nil {
-		if err := inst.OnCreated(backend.Status{Running: true, Pid: pid}); err != nil {
-			if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
-				b.opts.Log.Error("removing a container whose start was aborted", "jail", inst.ID, "err", kerr)
-			}
-			return backend.Status{}, err
+	// The network is ready before init starts, and its files are in the
+	// root before observation starts (they are not the jail's doing).
+	attached = true
+	_, err = a.finish(ctx, nil)
+	tNet := time.Now()
+	if err == nil && inst.OnCreated != nil {
+		err = inst.OnCreated(backend.Status{Running: true, Pid: pid})
+	}
+	if err != nil {
+		if kerr := b.kill(context.WithoutCancel(ctx), inst.ID, pid); kerr != nil {
+			b.opts.Log.Error("removing a container whose start was aborted", "jail", inst.ID, "err", kerr)
 		}
+		return backend.Status{}, err
 	}
 	if err := b.runtime.Start(ctx, inst.ID); err != nil {
 		return backend.Status{}, fmt.Errorf("start jail init: %w", err)
 	}
-	ok = true
-	b.opts.Log.Debug("started jail", "jail", inst.ID, "disk_and_network", tPrepare.Sub(t0),
-		"bundle", tBundle.Sub(tPrepare), "runtime_create", tCreate.Sub(tBundle), "start", time.Since(tCreate), "total", time.Since(t0))
+	b.opts.Log.Debug("started jail", "jail", inst.ID, "disk", tPrepare.Sub(t0), "bundle", tBundle.Sub(tPrepare),
+		"runtime_create", tCreate.Sub(tBundle), "network_after_create", tNet.Sub(tCreate), "observe_and_start", time.Since(tNet), "total", time.Since(t0))
 	return backend.Status{Running: true, Pid: pid}, nil
 }
 

@@ -87,6 +87,16 @@ func (n *Network) Attach(ctx context.Context, inst backend.Instance, netnsPath s
 	return att, nil
 }
 
+// Env returns the environment Attach gives the jail inst
+// (netpolicy.Manager.Env), without attaching it.
+func (n *Network) Env(inst backend.Instance) map[string]string {
+	cfg := inst.Config.Isolation.Network
+	if cfg.Mode == config.NetNone {
+		return nil
+	}
+	return n.Net.Env(cfg.Mode, netpolicy.FromConfig(inst.Name, cfg))
+}
+
 // Detach disconnects jail id (nothing when it is not attached).
 func (n *Network) Detach(ctx context.Context, id string) error {
 	n.ifaces.Delete(id)

@@ -18,6 +18,7 @@ import (
 	runc "github.com/containerd/go-runc"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/procwait"
 	"github.com/agentjail/agentjail/internal/tracing"
 )
 
@@ -88,6 +89,8 @@ type containerIO struct {
 	stderrDone chan struct{}
 	// started is set (under Runtime.mu) by the first Start.
 	started bool
+	// pid is the container process's host pid.
+	pid int
 }
 
 // NewRuntime returns a Runtime for binary ("runc", "runsc", or a path)
@@ -157,6 +160,7 @@ func (r *Runtime) Create(ctx context.Context, id, bundle string) (pid int, err e
 		text := r.discard(id, cio)
 		return 0, fmt.Errorf("create container %s: %w%s", id, err, detail(text))
 	}
+	cio.pid = pid
 	r.mu.Lock()
 	r.stdio[id] = cio
 	r.mu.Unlock()
@@ -188,10 +192,17 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		}
 		return errdefs.Conflictf("start %s: the container was not created by this daemon process (its stdio is gone)", id)
 	}
-	if err := r.rc.Start(ctx, id); err != nil {
+	released, err := r.releaseFifo(ctx, id, cio.pid)
+	if err == nil && !released {
+		err = r.rc.Start(ctx, id)
+		if err != nil {
+			err = runcError("start", id, err)
+		}
+	}
+	if err != nil {
 		r.forget(id)
 		text := r.discard(id, cio)
-		return fmt.Errorf("%w%s", runcError("start", id, err), detail(text))
+		return fmt.Errorf("%w%s", err, detail(text))
 	}
 	_, span := tracing.Start(ctx, "init.ready")
 	line, err := cio.waitReady(ctx)
@@ -212,6 +223,72 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	default:
 		return fmt.Errorf("start container %s: init wrote %q instead of %q%s", id, line, ReadyLine, detail(text))
 	}
+}
+
+// execFifo is the FIFO in runc's state directory of a created container
+// (runc's libcontainer names it so, from runc 1.0 on): the container's
+// process, its namespaces, mounts and cgroups set up, blocks opening it
+// for writing until `runc start` opens it for reading; it then writes one
+// byte and executes the container's program, and `runc start` removes
+// the FIFO, which is what makes runc report the container running.
+const execFifo = "exec.fifo"
+
+// releaseFifo does what `runc start` does, without starting a runc
+// process (which costs milliseconds of CPU at every jail start): it reads
+// the byte the container process pid writes to its exec FIFO, and removes
+// the FIFO. It reports false, having done nothing, when the container has
+// no exec FIFO (a runtime that starts containers another way). It fails
+// when pid exits before it wrote, or ctx ends first.
+func (r *Runtime) releaseFifo(ctx context.Context, id string, pid int) (bool, error) {
+	path := filepath.Join(r.rc.Root, id, execFifo)
+	// Opening a FIFO read-write never blocks (a read-only open waits for a
+	// writer); the byte is all that is needed, not the writer's close.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return false, nil
+	}
+	if err != nil {
+		return true, fmt.Errorf("start container %s: %w", id, err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.Mode().Type() != os.ModeNamedPipe {
+		return true, fmt.Errorf("start container %s: %s is not the runtime's exec FIFO", id, path)
+	}
+	h, err := procwait.Open(pid)
+	if err != nil {
+		return true, fmt.Errorf("start container %s: the container process exited before it started (%w)", id, err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited := make(chan struct{})
+	go func() {
+		defer h.Close()
+		// The process exited, or ctx ended: unblock the read.
+		if h.Wait(wctx) == nil {
+			close(exited)
+			_ = f.SetReadDeadline(time.Unix(1, 0))
+		} else if ctx.Err() != nil {
+			_ = f.SetReadDeadline(time.Unix(1, 0))
+		}
+	}()
+	var b [1]byte
+	_, err = f.Read(b[:])
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return true, errdefs.Wrap(errdefs.ErrTimeout, ctx.Err(), "start container %s: the container process did not start in time", id)
+	default:
+		select {
+		case <-exited:
+			return true, fmt.Errorf("start container %s: the container process exited before it started", id)
+		default:
+		}
+		return true, fmt.Errorf("start container %s: read %s: %w", id, path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return true, fmt.Errorf("start container %s: %w", id, err)
+	}
+	return true, nil
 }
 
 // Kill sends sig to the container's init, or to every process of the

@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -108,25 +109,35 @@ func TestKillAll(t *testing.T) {
 	e.waitStatus(t, "stopped")
 }
 
-// TestStartFailures covers the readiness handshake's failure paths: each
-// leaves nothing behind and reports why.
+// TestStartFailures covers the start's failure paths (the container
+// process gone before it was released, and the readiness handshake's):
+// each leaves nothing behind and reports why.
 func TestStartFailures(t *testing.T) {
 	for _, tc := range []struct {
+		name    string
 		mode    string
+		kill    bool
 		timeout time.Duration
 		want    []string
 		kind    error
 	}{
+		{name: "killed", mode: "ready", kill: true, want: []string{"the container process exited before it started"}},
 		{mode: "fail", want: []string{"exited before it was ready", "probe: failing on purpose"}},
 		{mode: "garbage", want: []string{`init wrote "hello" instead of "ready"`}},
 		{mode: "silent", timeout: 300 * time.Millisecond, want: []string{"not ready in time"}, kind: errdefs.ErrTimeout},
 	} {
-		t.Run(tc.mode, func(t *testing.T) {
+		t.Run(cmp.Or(tc.name, tc.mode), func(t *testing.T) {
 			e := newJailEnv(t, tc.mode, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			if _, err := e.rt.Create(ctx, e.id, e.bundle); err != nil {
+			pid, err := e.rt.Create(ctx, e.id, e.bundle)
+			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.kill {
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
 			}
 			sctx := ctx
 			if tc.timeout > 0 {
@@ -134,7 +145,7 @@ func TestStartFailures(t *testing.T) {
 				sctx, c = context.WithTimeout(ctx, tc.timeout)
 				defer c()
 			}
-			err := e.rt.Start(sctx, e.id)
+			err = e.rt.Start(sctx, e.id)
 			if err == nil {
 				t.Fatal("start succeeded")
 			}

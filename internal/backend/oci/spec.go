@@ -424,15 +424,17 @@ func (o *SpecOptions) rlimits() []specs.POSIXRlimit {
 	return rl
 }
 
-// WriteBundle writes s as dir/config.json atomically and durably
-// (atomicfile), so that a reader never sees a partial spec. dir must
-// exist. On error no temporary file is left.
+// WriteBundle writes s as dir/config.json atomically (atomicfile.Refresh:
+// a reader never sees a partial spec; a spec the file holds already is not
+// written again), but not durably: the spec is derived from the jail's
+// record and written before each start. dir must exist. On error no
+// temporary file is left.
 func WriteBundle(dir string, s *specs.Spec) error {
 	data, err := json.MarshalIndent(s, "", "\t")
 	if err != nil {
 		return fmt.Errorf("bundle %s: encode config.json: %w", dir, err)
 	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
+	if err := atomicfile.Refresh(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
 		return fmt.Errorf("bundle %s: %w", dir, err)
 	}
 	return nil
