@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/pseudofs"
 )
 
 // Unlimited is the value of a limit that is not set.
@@ -263,19 +264,24 @@ func readKey(dir, file, key string, v *uint64) error {
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
+	*v, err = parseKey(b, dir, file, key)
+	return err
+}
+
+// parseKey returns the value of key in the "key value" lines b of dir/file
+// (0 when no line has it).
+func parseKey(b []byte, dir, file, key string) (uint64, error) {
 	for _, line := range strings.Split(string(b), "\n") {
 		k, val, ok := strings.Cut(line, " ")
 		if ok && k == key {
 			n, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
 			if err != nil {
-				return fmt.Errorf("cgroup: %s/%s: %s: %w", dir, file, key, err)
+				return 0, fmt.Errorf("cgroup: %s/%s: %s: %w", dir, file, key, err)
 			}
-			*v = n
-			return nil
+			return n, nil
 		}
 	}
-	*v = 0
-	return nil
+	return 0, nil
 }
 
 // ID returns the cgroup id of path: the inode number of its directory in the
@@ -395,18 +401,24 @@ func OOMKills(path string) (uint64, error) {
 		return 0, err
 	}
 	dir, v2 := dirOf("memory", path)
-	if dir == "" || !exists(dir) {
+	if dir == "" {
 		return 0, errdefs.NotFoundf("cgroup %s has no memory controller directory", path)
 	}
-	var n uint64
 	file := "memory.oom_control"
 	if v2 {
 		file = "memory.events"
 	}
-	if err := readKey(dir, file, "oom_kill", &n); err != nil {
-		return 0, err
+	// Both files are a few short lines; read with bare calls, as this runs
+	// for every exec.
+	var buf [1024]byte
+	b, err := pseudofs.Read(filepath.Join(dir, file), buf[:])
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, errdefs.NotFoundf("cgroup %s has no memory controller directory", path)
 	}
-	return n, nil
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	return parseKey(b, dir, file, "oom_kill")
 }
 
 // Kill SIGKILLs every process in path's directory of the unified

@@ -85,33 +85,40 @@ func (r *fsRoot) checkPath(p string, id *identity, want uint32) (ok bool, reason
 		return false, "", false, pathError("resolve", p, err)
 	}
 	defer unix.Close(fd)
-	resolved, err := r.jailPath(fd)
-	if err != nil {
-		return false, "", false, pathError("resolve", p, err)
-	}
-	if r.isBlocked(resolved) {
-		return false, fmt.Sprintf("path %q is blocked by the jail's policy", p), false, nil
-	}
-	if reason, err := r.searchable(resolved, id); err != nil || reason != "" {
-		return false, reason, false, err
-	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return false, "", false, pathError("stat", p, err)
 	}
+	ok, reason, err = r.checkOpen(fd, &st, p, id, want)
+	return ok, reason, false, err
+}
+
+// checkOpen is checkPath on p already resolved and open as fd (O_PATH),
+// whose stat is st.
+func (r *fsRoot) checkOpen(fd int, st *unix.Stat_t, p string, id *identity, want uint32) (ok bool, reason string, err error) {
+	resolved, err := r.jailPath(fd)
+	if err != nil {
+		return false, "", pathError("resolve", p, err)
+	}
+	if r.isBlocked(resolved) {
+		return false, fmt.Sprintf("path %q is blocked by the jail's policy", p), nil
+	}
+	if reason, err := r.searchable(resolved, id); err != nil || reason != "" {
+		return false, reason, err
+	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR && want&wantWrite != 0 {
 		want |= wantExec
 	}
-	if !permits(&st, id, want) {
-		return false, fmt.Sprintf("user %s has no %s permission on %s (%s)", id.Name, permName(want), resolved, describe(&st)), false, nil
+	if !permits(st, id, want) {
+		return false, fmt.Sprintf("user %s has no %s permission on %s (%s)", id.Name, permName(want), resolved, describe(st)), nil
 	}
 	if want&wantWrite != 0 {
 		var fs unix.Statfs_t
 		if err := unix.Fstatfs(fd, &fs); err == nil && fs.Flags&unix.ST_RDONLY != 0 {
-			return false, fmt.Sprintf("%s is on a read-only filesystem", resolved), false, nil
+			return false, fmt.Sprintf("%s is on a read-only filesystem", resolved), nil
 		}
 	}
-	return true, "", false, nil
+	return true, "", nil
 }
 
 // searchable returns a reason when id cannot search one of the ancestor
@@ -173,7 +180,7 @@ func (r *fsRoot) checkCwd(dir string, id *identity) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return newError(initproto.KindUnprocessable, dir, "cwd %q is not a directory", dir)
 	}
-	ok, reason, _, err := r.checkPath(dir, id, wantExec)
+	ok, reason, err := r.checkOpen(fd, &st, dir, id, wantExec)
 	if err != nil {
 		return err
 	}

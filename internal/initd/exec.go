@@ -700,14 +700,17 @@ func peerClosed(c *conn) bool {
 // pollable) and the write end is the child's fd; otherwise the reverse.
 func pipe(readParent bool) (parent *os.File, child int, err error) {
 	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return nil, -1, fmt.Errorf("create pipe: %w", err)
 	}
 	pi, ci := 1, 0
 	if readParent {
 		pi, ci = 0, 1
 	}
-	if err := unix.SetNonblock(p[pi], true); err != nil {
+	// The child's end blocks. A new pipe end has no status flag but
+	// O_NONBLOCK, so clearing them all is one call instead of a get and a
+	// set.
+	if _, err := unix.FcntlInt(uintptr(p[ci]), unix.F_SETFL, 0); err != nil {
 		unix.Close(p[0])
 		unix.Close(p[1])
 		return nil, -1, fmt.Errorf("create pipe: %w", err)

@@ -5,8 +5,9 @@ package procstat
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"strconv"
+
+	"github.com/agentjail/agentjail/internal/pseudofs"
 )
 
 // Stat is part of a process's /proc/PID/stat line.
@@ -22,7 +23,10 @@ type Stat struct {
 // Read reads process pid's stat line; an error when the process is gone
 // or the line does not parse.
 func Read(pid int) (Stat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	// A stat line is a few hundred bytes: 52 numbers and a command name
+	// of at most 64.
+	var buf [2048]byte
+	b, err := pseudofs.Read("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
 	if err != nil {
 		return Stat{}, err
 	}
