@@ -37,7 +37,7 @@ func ValidateSpec(a *config.Agent) error {
 	if a.Name == "" {
 		return errdefs.Unprocessablef("agent.name: required (one of %s)", joinNames())
 	}
-	if a.Version != "" && !versionRE.MatchString(a.Version) {
+	if a.Version != "" && !versionRE().MatchString(a.Version) {
 		return errdefs.Unprocessablef("agent.version: %q is not a version", a.Version)
 	}
 	if a.Endpoint != "" {

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -73,7 +74,7 @@ func NewTools(dir string) (*Tools, error) {
 func (t *Tools) Dir() string { return t.dir }
 
 // versionRE accepts npm versions (and dist-tags such as "latest").
-var versionRE = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$`)
+var versionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$`) })
 
 // Progress receives an install's progress lines.
 type Progress func(line string)
@@ -92,7 +93,7 @@ func (t *Tools) Install(ctx context.Context, name, version string, progress Prog
 	if version == "" {
 		version = def.DefaultVersion
 	}
-	if !versionRE.MatchString(version) {
+	if !versionRE().MatchString(version) {
 		return nil, false, errdefs.Invalidf("version: %q is not an npm version", version)
 	}
 	if progress == nil {
@@ -321,7 +322,7 @@ func (t *Tools) Get(name, version string) (*Manifest, error) {
 	if _, err := Lookup(name); err != nil {
 		return nil, err
 	}
-	if !versionRE.MatchString(version) {
+	if !versionRE().MatchString(version) {
 		return nil, errdefs.Invalidf("version: %q is not an npm version", version)
 	}
 	dir := filepath.Join(t.dir, name, version)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -60,7 +61,7 @@ func (s *server) listAgents(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-var agentNameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+var agentNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`) })
 
 // installAgent streams the install as NDJSON: {"progress": line}... then
 // {"tool": {...}, "installed": bool} or {"type":"error","error":{...}}.
@@ -70,7 +71,7 @@ func (s *server) installAgent(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	name := r.PathValue("name")
-	if !agentNameRE.MatchString(name) {
+	if !agentNameRE().MatchString(name) {
 		return errdefs.NotFoundf("unknown agent %q", name)
 	}
 	var req model.AgentInstallRequest

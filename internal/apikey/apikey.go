@@ -85,8 +85,8 @@ const (
 const maxHashing = 2
 
 var (
-	idRE     = regexp.MustCompile(`^[0-9a-f]{12}$`)
-	tenantRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+	idRE     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{12}$`) })
+	tenantRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`) })
 )
 
 // stored is a key's record in the file.
@@ -135,7 +135,7 @@ func (s *Store) Create(name, tenant string, role Role) (Key, string, error) {
 	if role == "" {
 		role = RoleUser
 	}
-	if !tenantRE.MatchString(tenant) {
+	if !tenantRE().MatchString(tenant) {
 		return Key{}, "", errdefs.Invalidf("tenant: %q must be 1 to 63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit", tenant)
 	}
 	if !role.Valid() {
@@ -265,7 +265,7 @@ func parse(token string) (id, secret string, ok bool) {
 		return "", "", false
 	}
 	id, secret, ok = strings.Cut(rest, "_")
-	if !ok || !idRE.MatchString(id) || len(secret) != base64.RawURLEncoding.EncodedLen(secretLen) {
+	if !ok || !idRE().MatchString(id) || len(secret) != base64.RawURLEncoding.EncodedLen(secretLen) {
 		return "", "", false
 	}
 	return id, secret, true

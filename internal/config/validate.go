@@ -6,6 +6,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
@@ -23,11 +24,11 @@ type Host struct {
 	NetworkModes []string
 }
 
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
 
 // ValidName reports whether s is an acceptable jail or snapshot name.
 func ValidName(s string) error {
-	if !nameRE.MatchString(s) {
+	if !nameRE().MatchString(s) {
 		return errdefs.Unprocessablef("name %q: must be 1-63 characters of letters, digits, '_', '.', '-', starting with a letter or digit", s)
 	}
 	return nil
@@ -41,7 +42,7 @@ func (c *Config) Validate(h Host) error {
 	if !contains(h.Levels, iso.Level) {
 		return errdefs.Unprocessablef("isolation.level: %q is not available on this daemon (available: %s)", iso.Level, strings.Join(h.Levels, ", "))
 	}
-	if c.Hostname != "" && !nameRE.MatchString(c.Hostname) {
+	if c.Hostname != "" && !nameRE().MatchString(c.Hostname) {
 		return errdefs.Unprocessablef("hostname: %q is not a valid host name", c.Hostname)
 	}
 	for k := range c.Env {
@@ -316,10 +317,10 @@ func (p *Process) validate() error {
 	if p.SelinuxContext != "" {
 		return errdefs.Unprocessablef(f + "selinux_context: SELinux is not available on this daemon's hosts")
 	}
-	if !userRE.MatchString(p.User) {
+	if !userRE().MatchString(p.User) {
 		return errdefs.Unprocessablef(f+"user: %q is not a user name or numeric uid", p.User)
 	}
-	if p.Group != "" && !userRE.MatchString(p.Group) {
+	if p.Group != "" && !userRE().MatchString(p.Group) {
 		return errdefs.Unprocessablef(f+"group: %q is not a group name or numeric gid", p.Group)
 	}
 	for i, c := range p.Capabilities {
@@ -352,7 +353,7 @@ func (p *Process) validate() error {
 	return nil
 }
 
-var userRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$|^[0-9]{1,10}$`)
+var userRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$|^[0-9]{1,10}$`) })
 
 func (s *SeccompProfile) validate() error {
 	const f = "isolation.process.seccomp_profile."

@@ -72,12 +72,12 @@ func (c *BlobCache) Size() (used, max int64) {
 	return c.total, c.max
 }
 
-var digestRE = regexp.MustCompile(`^sha256:([0-9a-f]{64})$`)
+var digestRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:([0-9a-f]{64})$`) })
 
 // Open returns the cached content of digest and its media type, marking
 // it used; fs.ErrNotExist when it is not cached.
 func (c *BlobCache) Open(digest string) (*os.File, string, error) {
-	m := digestRE.FindStringSubmatch(digest)
+	m := digestRE().FindStringSubmatch(digest)
 	if m == nil {
 		return nil, "", fs.ErrNotExist
 	}
@@ -106,7 +106,7 @@ type cacheWriter struct {
 // newWriter starts caching digest (nil when the digest is malformed or
 // size, when known, is over the bound).
 func (c *BlobCache) newWriter(digest, mediaType string, size int64) *cacheWriter {
-	if !digestRE.MatchString(digest) || size > c.max {
+	if !digestRE().MatchString(digest) || size > c.max {
 		return nil
 	}
 	f, err := os.CreateTemp(filepath.Join(c.dir, "tmp"), "blob-")
@@ -209,13 +209,13 @@ type cacheTransport struct {
 	next http.RoundTripper
 }
 
-var byDigestRE = regexp.MustCompile(`^/v2/.+/(blobs|manifests)/(sha256:[0-9a-f]{64})$`)
+var byDigestRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^/v2/.+/(blobs|manifests)/(sha256:[0-9a-f]{64})$`) })
 
 // requestDigest returns the digest a GET asks for ("" for other
 // requests), looking through the redirects that led to it.
 func requestDigest(req *http.Request) string {
 	for r := req; r != nil; {
-		if m := byDigestRE.FindStringSubmatch(r.URL.Path); m != nil {
+		if m := byDigestRE().FindStringSubmatch(r.URL.Path); m != nil {
 			return m[2]
 		}
 		if r.Response == nil {

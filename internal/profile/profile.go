@@ -56,9 +56,11 @@ var builtIn = map[string][]string{
 }
 
 var (
-	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
-	packageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]{0,127}(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?$`)
-	suiteRE   = regexp.MustCompile(`^[a-z]{2,32}$`)
+	nameRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`) })
+	packageRE = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]{0,127}(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?$`)
+	})
+	suiteRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z]{2,32}$`) })
 )
 
 // Options configure a Builder.
@@ -105,7 +107,7 @@ func hostSuite() string {
 		return DefaultSuite
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VERSION_CODENAME="); ok && suiteRE.MatchString(strings.Trim(v, `"`)) {
+		if v, ok := strings.CutPrefix(line, "VERSION_CODENAME="); ok && suiteRE().MatchString(strings.Trim(v, `"`)) {
 			return strings.Trim(v, `"`)
 		}
 	}
@@ -126,11 +128,11 @@ func (b *Builder) resolve(p Profile) (Profile, error) {
 	if p.Suite == "" {
 		p.Suite = b.suite
 	}
-	if !suiteRE.MatchString(p.Suite) {
+	if !suiteRE().MatchString(p.Suite) {
 		return p, errdefs.Unprocessablef("profile %s: suite %q is not a Debian codename", p.Name, p.Suite)
 	}
 	for _, pkg := range p.Packages {
-		if !packageRE.MatchString(pkg) {
+		if !packageRE().MatchString(pkg) {
 			return p, errdefs.Unprocessablef("profile %s: %q is not a Debian package name", p.Name, pkg)
 		}
 	}
@@ -152,7 +154,7 @@ func (b *Builder) resolve(p Profile) (Profile, error) {
 // Get returns the profile name: a built-in one, or a user profile of the
 // profiles directory. errdefs.ErrNotFound when there is none.
 func (b *Builder) Get(name string) (Profile, error) {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return Profile{}, errdefs.Invalidf("profile name %q: use lower-case letters, digits, '.', '_' and '-'", name)
 	}
 	if _, ok := builtIn[name]; ok {
@@ -184,7 +186,7 @@ func (b *Builder) List() ([]Profile, error) {
 		return nil, fmt.Errorf("profiles: %w", err)
 	}
 	for _, e := range ents {
-		if n, ok := strings.CutSuffix(e.Name(), ".yaml"); ok && nameRE.MatchString(n) {
+		if n, ok := strings.CutSuffix(e.Name(), ".yaml"); ok && nameRE().MatchString(n) {
 			names = append(names, n)
 		}
 	}
@@ -206,7 +208,7 @@ func (b *Builder) Put(p Profile) (Profile, error) {
 	if _, ok := builtIn[p.Name]; ok {
 		return Profile{}, errdefs.Conflictf("profile %s is built in; give yours another name", p.Name)
 	}
-	if !nameRE.MatchString(p.Name) {
+	if !nameRE().MatchString(p.Name) {
 		return Profile{}, errdefs.Invalidf("profile name %q: use lower-case letters, digits, '.', '_' and '-'", p.Name)
 	}
 	if p.Base == "" {
@@ -237,7 +239,7 @@ func (b *Builder) Delete(name string) error {
 	if _, ok := builtIn[name]; ok {
 		return errdefs.Conflictf("profile %s is built in", name)
 	}
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return errdefs.Invalidf("profile name %q: use lower-case letters, digits, '.', '_' and '-'", name)
 	}
 	err := os.Remove(filepath.Join(b.opts.Dir, name+".yaml"))

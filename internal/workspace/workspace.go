@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,7 +38,7 @@ import (
 const gitTimeout = 5 * time.Minute
 
 // refRE accepts branch, tag and commit names (no options, no ranges).
-var refRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$`)
+var refRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$`) })
 
 // Source is a resolved workspace repository.
 type Source struct {
@@ -60,7 +61,7 @@ func Validate(ws *config.Workspace) error {
 	if !filepath.IsAbs(ws.Repo) && !isURL(ws.Repo) {
 		return errdefs.Unprocessablef("workspace.repo: %q must be an absolute host path or a git URL (https://, ssh://, git://, file://)", ws.Repo)
 	}
-	if ws.Ref != "" && (!refRE.MatchString(ws.Ref) || strings.Contains(ws.Ref, "..")) {
+	if ws.Ref != "" && (!refRE().MatchString(ws.Ref) || strings.Contains(ws.Ref, "..")) {
 		return errdefs.Unprocessablef("workspace.ref: %q is not a branch, tag or commit name", ws.Ref)
 	}
 	switch ws.Sync.Mode {

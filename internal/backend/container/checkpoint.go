@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	runc "github.com/containerd/go-runc"
@@ -196,10 +197,10 @@ func probeCheckpoint(given string) (string, string) {
 	return "", strings.Join(reasons, "; ")
 }
 
-var criuVersionRE = regexp.MustCompile(`(?m)^Version:\s*(\d+)\.(\d+)`)
+var criuVersionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?m)^Version:\s*(\d+)\.(\d+)`) })
 
 func criuVersion(out string) (int, int, bool) {
-	m := criuVersionRE.FindStringSubmatch(out)
+	m := criuVersionRE().FindStringSubmatch(out)
 	if m == nil {
 		return 0, 0, false
 	}
@@ -445,8 +446,10 @@ func thawFS(dir string) error {
 
 // dumpErrorRE finds CRIU's error lines; pidRE the pids they name.
 var (
-	dumpErrorRE = regexp.MustCompile(`Error \([^)]*\): (.*)$`)
-	pidRE       = regexp.MustCompile(`\(pid:? (\d+)\)|\bpid (\d+)\b|\b(\d+)'s\b|\bzombie (\d+)\b|\bfrom (\d+):`)
+	dumpErrorRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`Error \([^)]*\): (.*)$`) })
+	pidRE       = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`\(pid:? (\d+)\)|\bpid (\d+)\b|\b(\d+)'s\b|\bzombie (\d+)\b|\bfrom (\d+):`)
+	})
 )
 
 // dumpError turns a failed dump into an error that names what could not
@@ -463,7 +466,7 @@ func dumpError(inst backend.Instance, logPath string, err error) error {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		m := dumpErrorRE.FindStringSubmatch(sc.Text())
+		m := dumpErrorRE().FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
 		}
@@ -471,7 +474,7 @@ func dumpError(inst backend.Instance, logPath string, err error) error {
 		if strings.Contains(msg, "rlimit: Can't setup RLIMIT_NOFILE for self") || strings.HasPrefix(msg, "Dumping FAILED") {
 			continue
 		}
-		for _, pm := range pidRE.FindAllStringSubmatch(msg, -1) {
+		for _, pm := range pidRE().FindAllStringSubmatch(msg, -1) {
 			for _, pid := range pm[1:] {
 				if pid != "" {
 					procs[pid] = processName(pid)
@@ -527,7 +530,7 @@ func processName(pid string) string {
 }
 
 // logStampRE reads the (SS.UUUUUU) stamp CRIU puts before each log line.
-var logStampRE = regexp.MustCompile(`^\((\d+)\.(\d{6})\)`)
+var logStampRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\((\d+)\.(\d{6})\)`) })
 
 // frozenTime reads from a dump log how long the jail's processes were
 // frozen: from the cgroup freeze to the release of the tasks.
@@ -542,7 +545,7 @@ func frozenTime(logPath string) time.Duration {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		m := logStampRE.FindStringSubmatch(line)
+		m := logStampRE().FindStringSubmatch(line)
 		if m == nil {
 			continue
 		}
@@ -786,10 +789,12 @@ func drain(pipes runc.IO) {
 
 // restoreLineRE reads a CRIU restore log's error lines: the pid (in the
 // jail) of the task that logged it, if any, and the message.
-var restoreLineRE = regexp.MustCompile(`^\([0-9.]+\)\s+(?:(\d+): )?Error \([^)]*\): (.*)$`)
+var restoreLineRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\([0-9.]+\)\s+(?:(\d+): )?Error \([^)]*\): (.*)$`) })
 
 // restorePidRE finds the task a restore message is about.
-var restorePidRE = regexp.MustCompile(`^(\d+) (?:killed|exited)\b|\bfor (\d+)$|\(pid:? (\d+)\)`)
+var restorePidRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(\d+) (?:killed|exited)\b|\bfor (\d+)$|\(pid:? (\d+)\)`)
+})
 
 // restoreError turns a failed restore into an error naming CRIU's reason
 // and the checkpoint's processes it concerns (from the record snapDir
@@ -805,7 +810,7 @@ func restoreError(inst backend.Instance, snapDir, logPath string, err error) err
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		m := restoreLineRE.FindStringSubmatch(sc.Text())
+		m := restoreLineRE().FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
 		}
@@ -814,7 +819,7 @@ func restoreError(inst backend.Instance, snapDir, logPath string, err error) err
 			continue
 		}
 		named := []string{m[1]}
-		if k := restorePidRE.FindStringSubmatch(msg); k != nil {
+		if k := restorePidRE().FindStringSubmatch(msg); k != nil {
 			named = k[1:]
 		}
 		for _, pid := range named {
