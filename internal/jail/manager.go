@@ -150,6 +150,10 @@ type entry struct {
 	// connections open, for backends that allow it; see Manager.client.
 	ctl    *initclient.Client
 	ctlPid int
+	// making is set while the jail's directory holds makingMarker: a
+	// crash releases the jail then, so its record is written without
+	// waiting for the disk until made makes it durable.
+	making bool
 }
 
 // view is the jail as the API shows it: credential values redacted, and
@@ -411,15 +415,22 @@ func (m *Manager) lookup(ctx context.Context, ref string) (*entry, error) {
 	return e, nil
 }
 
-// persist writes the record atomically to jail.json.
+// persist writes the record atomically to jail.json, durably unless the
+// jail is being made (entry.making).
 func (m *Manager) persist(e *entry) error {
-	j := e.snapshot()
+	e.mu.RLock()
+	j, making := e.rec, e.making
+	e.mu.RUnlock()
 	j.Stats = nil
 	data, err := json.MarshalIndent(j, "", "  ")
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(filepath.Join(e.dir, "jail.json"), data, 0o600)
+	path := filepath.Join(e.dir, "jail.json")
+	if making {
+		return atomicfile.Refresh(path, data, 0o600)
+	}
+	return atomicfile.WriteFile(path, data, 0o600)
 }
 
 // setState changes the record under its lock and persists it.
@@ -514,6 +525,10 @@ func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
 	}
 	if err = os.WriteFile(filepath.Join(e.dir, marker), nil, 0o600); err != nil {
 		err = fmt.Errorf("jail dir: %w", err)
+	} else if !warm {
+		e.mu.Lock()
+		e.making = true
+		e.mu.Unlock()
 	}
 	if err == nil {
 		err = m.persist(e)
@@ -533,11 +548,35 @@ func (m *Manager) build(ctx context.Context, e *entry, start, warm bool) error {
 }
 
 // made marks the new jail e as the caller's: from here on a crash no
-// longer releases it.
+// longer releases it. Its record is made durable first.
 func (m *Manager) made(e *entry) {
+	e.mu.Lock()
+	e.making = false
+	e.mu.Unlock()
+	if err := syncFile(filepath.Join(e.dir, "jail.json")); err != nil {
+		m.log.Error("a new jail stays marked as being made; a crash would release it", "jail", e.snapshot().ID, "err", err)
+		return
+	}
 	if err := os.Remove(filepath.Join(e.dir, makingMarker)); err != nil {
 		m.log.Error("a new jail stays marked as being made; a crash would release it", "jail", e.snapshot().ID, "err", err)
 	}
+}
+
+// syncFile makes the file at path, and its name in its directory,
+// durable.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	return atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // setConfig replaces e's config in memory (persist writes it).

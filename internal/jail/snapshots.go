@@ -377,6 +377,9 @@ func (m *Manager) restore(ctx context.Context, snap *model.Snapshot, name string
 	if err := os.WriteFile(filepath.Join(e.dir, makingMarker), nil, 0o600); err != nil {
 		return fail(fmt.Errorf("jail dir: %w", err))
 	}
+	e.mu.Lock()
+	e.making = true
+	e.mu.Unlock()
 	if err := m.persist(e); err != nil {
 		return fail(err)
 	}
