@@ -6,7 +6,6 @@ package container
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -266,15 +265,26 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 		return err
 	}
 	t0 := time.Now()
+	// The network namespace is made while the root is.
+	nsErr := make(chan error, 1)
+	go func() { nsErr <- netns.Create(p.netns) }()
+	err = b.prepareRoot(inst, lower, p)
+	if nerr := <-nsErr; nerr != nil && err == nil {
+		err = fmt.Errorf("network namespace: %w", nerr)
+	}
+	if err != nil {
+		return err
+	}
+	b.opts.Log.Debug("prepared jail", "jail", inst.ID, "total", time.Since(t0))
+	return b.writeBundle(inst, p, hostNetwork(inst.Config))
+}
+
+// prepareRoot makes the jail's disk and root: the overlay of its lower
+// tree and its writable layer, mounted, with init's control directory.
+func (b *Backend) prepareRoot(inst backend.Instance, lower string, p paths) error {
 	if err := b.opts.Pool.CreateDisk(inst.ID, inst.Config.Isolation.Resources.DiskBytes, p.disk); err != nil {
 		return fmt.Errorf("jail disk: %w", err)
 	}
-	tDisk := time.Now()
-	defer func() {
-		if err == nil {
-			b.opts.Log.Debug("prepared jail", "jail", inst.ID, "disk", tDisk.Sub(t0), "total", time.Since(t0))
-		}
-	}()
 	if err := b.seedUpper(inst, lower, p); err != nil {
 		return err
 	}
@@ -285,15 +295,9 @@ func (b *Backend) Prepare(ctx context.Context, inst backend.Instance) (err error
 	if err := storage.MountOverlay(lowers, p.upper, p.work, p.merged); err != nil {
 		return fmt.Errorf("jail root: %w", err)
 	}
-	// What Start writes again: it finds them as they are when nothing
-	// changed meanwhile.
-	if err := b.writeControl(inst, p, b.net.Env(inst)); err != nil {
-		return err
-	}
-	if err := netns.Create(p.netns); err != nil {
-		return fmt.Errorf("network namespace: %w", err)
-	}
-	return b.writeBundle(inst, p, hostNetwork(inst.Config))
+	// What Start writes again (with the bundle): it finds them as they
+	// are when nothing changed meanwhile.
+	return b.writeControl(inst, p, b.net.Env(inst))
 }
 
 // hostNetwork reports whether the jail shares the host's network
@@ -538,14 +542,23 @@ func (b *Backend) prepare(ctx context.Context, inst backend.Instance, p paths) (
 	return a.finish(ctx, err)
 }
 
-// attaching is a network attachment under way (startAttach).
+// attaching is a network attachment under way (startAttach): once the
+// namespace is attached and the jail's root mounted (rootMounted), the
+// network's files are written into the root.
 type attaching struct {
 	b    *Backend
 	inst backend.Instance
 	p    paths
-	done chan struct{}
-	att  netpolicy.Attachment
-	err  error
+
+	mounted, abort         chan struct{}
+	mountedOnce, abortOnce sync.Once
+	done                   chan struct{}
+	// Set by the attaching goroutine before done is closed: the
+	// attachment, whether the jail is attached (and must be detached if
+	// the start fails), and why the attachment or its files failed.
+	att      netpolicy.Attachment
+	attached bool
+	err      error
 }
 
 // startAttach makes the jail's network namespace when it is missing and
@@ -556,28 +569,48 @@ func (b *Backend) startAttach(ctx context.Context, inst backend.Instance, p path
 			return nil, fmt.Errorf("network namespace: %w", err)
 		}
 	}
-	a := &attaching{b: b, inst: inst, p: p, done: make(chan struct{})}
+	a := &attaching{b: b, inst: inst, p: p, mounted: make(chan struct{}), abort: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.att, a.err = b.net.Attach(ctx, inst, p.netns)
+		if a.att, a.err = b.net.Attach(ctx, inst, p.netns); a.err != nil {
+			return
+		}
+		a.attached = true
+		select {
+		case <-a.mounted:
+			// writeNetFiles detaches the jail when it fails.
+			if a.err = b.writeNetFiles(ctx, inst, p, a.att); a.err != nil {
+				a.attached = false
+			}
+		case <-a.abort:
+		}
 	}()
 	return a, nil
 }
 
-// finish waits for the attachment. When failed (the caller's own error,
-// with which the jail cannot start) is nil, it writes the network's files
-// into the jail's mounted root and returns the attachment; otherwise, or
-// when the attachment or the files failed, the jail is detached and the
-// first error returned.
+// rootMounted says that the jail's root is mounted: the network's files
+// can go into it.
+func (a *attaching) rootMounted() { a.mountedOnce.Do(func() { close(a.mounted) }) }
+
+// finish waits for the attachment and its files (the root must be
+// mounted when failed is nil) and returns the attachment. When failed
+// (the caller's own error, with which the jail cannot start) is not nil,
+// or the attachment or its files failed, the jail is left detached and
+// the first error returned.
 func (a *attaching) finish(ctx context.Context, failed error) (netpolicy.Attachment, error) {
+	if failed != nil {
+		a.abortOnce.Do(func() { close(a.abort) })
+	} else {
+		a.rootMounted()
+	}
 	<-a.done
-	if failed != nil || a.err != nil {
-		if a.err == nil {
+	if failed != nil {
+		if a.attached {
 			a.b.detach(context.WithoutCancel(ctx), a.inst)
 		}
-		return netpolicy.Attachment{}, cmp.Or(failed, a.err)
+		return netpolicy.Attachment{}, failed
 	}
-	return a.att, a.b.writeNetFiles(ctx, a.inst, a.p, a.att)
+	return a.att, a.err
 }
 
 // Start implements backend.Backend. The jail's network is attached while
@@ -601,6 +634,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (st backend.
 	if err := b.ensure(ctx, inst, p); err != nil {
 		return backend.Status{}, err
 	}
+	a.rootMounted()
 	tPrepare := time.Now()
 	if err := b.writeControl(inst, p, b.net.Env(inst)); err != nil {
 		return backend.Status{}, err
