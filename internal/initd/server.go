@@ -10,6 +10,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -650,9 +651,25 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 		return c.sendJSON(initproto.MsgOK, nil)
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,
 		initproto.MsgMkdir, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
-		return s.fileOp(c, t, payload)
+		return recorded(func() error { return s.fileOp(c, t, payload) })
 	}
 	return newError(initproto.KindInvalid, "", "unknown request type %s", t)
+}
+
+// recorded runs f, a files API operation, on a thread of its own that the
+// jail's observation records: init's other calls (serving execs, keeping
+// connections) are plumbing and left out of the syscall stream, while the
+// file operations it makes for the API are the jail's activity. The
+// goroutine stays on the marked thread until it is unmarked, and no other
+// goroutine runs there meanwhile.
+func recorded(f func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// An error (EINVAL) is the expected answer: the option is a mark for
+	// the tracer, not one the kernel acts on.
+	_ = unix.Prctl(initproto.RecordOption, 1, 0, 0, 0)
+	defer unix.Prctl(initproto.RecordOption, 0, 0, 0, 0)
+	return f()
 }
 
 // process returns the running command with in-jail pid, or nil.

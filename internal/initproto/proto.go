@@ -136,6 +136,14 @@ const (
 	RecordingsName = "recordings"
 )
 
+// RecordOption is the prctl option with which init marks a thread whose
+// syscalls the jail's observation records (prctl(RecordOption, 1)) and
+// unmarks it (prctl(RecordOption, 0)). No kernel knows the option (the call
+// fails with EINVAL); the kernel-side tracer reads it from init's own
+// calls (INIT_RECORD_OPTION in internal/observe/bpf/csrc/observe.h). Init's
+// other calls are plumbing and not recorded.
+const RecordOption = 0x4147524a
+
 // ReadyLine is what init writes to its original stdout once its socket
 // accepts connections.
 const ReadyLine = "ready\n"

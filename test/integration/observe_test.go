@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -168,7 +169,8 @@ func TestObserveProcessTreeMatchesStrace(t *testing.T) {
 // its commands and not the jail's own plumbing: no syscall of init's
 // command shims, and a command's record starts with its execve, not with
 // the shim's set-up of the child. A program of the jail's user that runs
-// the shim binary itself is recorded in full.
+// the shim binary itself is recorded in full. Init's own calls serving the
+// execs are left out; those it makes for the files API are recorded.
 func TestObserveLeavesOutPlumbing(t *testing.T) {
 	d := shared(t)
 	j := d.createJail(t, nil)
@@ -177,6 +179,8 @@ func TestObserveLeavesOutPlumbing(t *testing.T) {
 			t.Fatalf("exec true: %s", &res)
 		}
 	}
+	const uploaded = "/workspace/written-through-the-api.txt"
+	d.putFile(t, j.ID, uploaded, []byte("hello"))
 	fake := d.shAs(t, j.ID, "", "/.agentjail/agentjail init --shim </dev/null; echo ran")
 	if !strings.Contains(fake.Stdout, "ran") {
 		t.Fatalf("running the shim binary: %s", &fake)
@@ -200,9 +204,20 @@ func TestObserveLeavesOutPlumbing(t *testing.T) {
 	}
 	first := map[int]string{}
 	calls := map[int]int{}
+	initFileCalls := 0
 	for _, ev := range readEvents(t, d, j.ID, "syscalls.jsonl") {
 		if shims[ev.Pid] {
 			t.Errorf("syscall %s of shim %d recorded", ev.Name, ev.Pid)
+		}
+		if ev.Pid == 1 {
+			// Pipes and descriptor passing are how init hands a command
+			// to a shim; no file operation makes them.
+			if ev.Name == "pipe2" || ev.Name == "sendmsg" {
+				t.Errorf("init's %s serving an exec recorded", ev.Name)
+			}
+			if strings.Contains(ev.Path, path.Base(uploaded)) {
+				initFileCalls++
+			}
 		}
 		if _, ok := first[ev.Pid]; !ok {
 			first[ev.Pid] = ev.Name
@@ -218,6 +233,9 @@ func TestObserveLeavesOutPlumbing(t *testing.T) {
 		if calls[pid] < 5 {
 			t.Errorf("the shim binary run by the user (pid %d): %d syscalls recorded", pid, calls[pid])
 		}
+	}
+	if initFileCalls == 0 {
+		t.Errorf("no syscall of init on %s recorded: the files API's write is missing from the record", uploaded)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/observe"
 )
 
@@ -125,7 +126,9 @@ func tracedSyscalls(tr config.Tracing) (nrs []int, internal map[int32]bool, err 
 		}
 	}
 	internal = map[int32]bool{}
-	for _, nr := range observe.FileSyscalls() {
+	// prctl carries init's marks of the threads whose calls are recorded
+	// (initproto.RecordOption): traced always.
+	for _, nr := range append(observe.FileSyscalls(), unix.SYS_PRCTL) {
 		if !user[nr] {
 			internal[int32(nr)] = true
 			user[nr] = true
@@ -198,7 +201,7 @@ func (b *Backend) Events(inst backend.Instance, st backend.Status, sink observe.
 	case err := <-acceptErr:
 		return nil, fmt.Errorf("trace session of jail %s: %w", inst.Name, err)
 	}
-	r := &reader{conn: conn, sink: sink, internal: internal, plumbing: map[int32]bool{}, done: make(chan struct{})}
+	r := &reader{conn: conn, sink: sink, internal: internal, plumbing: map[int32]bool{}, recorded: map[int32]bool{}, done: make(chan struct{})}
 	go r.run()
 	return r.stop, nil
 }
@@ -250,6 +253,10 @@ type reader struct {
 	// command shims, and their children until they execute the command),
 	// whose syscalls are left out as the kernel tracer leaves them out.
 	plumbing map[int32]bool
+	// recorded holds init's threads marked as recorded (the files API's
+	// operations); init's other calls are plumbing too. At most init's
+	// thread count.
+	recorded map[int32]bool
 	dropped  uint32 // the sentry's count of dropped points, last seen
 	ev       observe.Event
 	done     chan struct{}
@@ -394,6 +401,19 @@ func (r *reader) syscall(c *pb.ContextData, nr uint64, exit *pb.Exit, args [6]ui
 	ev := r.header(observe.TypeSyscall, c)
 	if r.plumbing[ev.PID] && nr != unix.SYS_EXECVE && nr != unix.SYS_EXECVEAT {
 		return
+	}
+	if ev.PID == initPid {
+		if nr == unix.SYS_PRCTL && args[0] == initproto.RecordOption {
+			if args[1] != 0 {
+				r.recorded[ev.TID] = true
+			} else {
+				delete(r.recorded, ev.TID)
+			}
+			return
+		}
+		if !r.recorded[ev.TID] {
+			return
+		}
 	}
 	ev.NR, ev.Args, ev.Path, ev.Addr = int32(nr), args, path, addr
 	ev.FDs = [2]int32{-1, -1}

@@ -16,6 +16,7 @@ import (
 	pb "gvisor.dev/gvisor/pkg/sentry/seccheck/points/points_go_proto"
 
 	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/observe"
 )
 
@@ -45,7 +46,18 @@ func ctxData(pid, tid int32, comm string) *pb.ContextData {
 // children until they execute the command) left out of the syscalls.
 func TestReaderMapsPoints(t *testing.T) {
 	c := &collect{}
-	r := &reader{sink: c, internal: map[int32]bool{unix.SYS_CLOSE: true}, plumbing: map[int32]bool{}}
+	r := &reader{sink: c, internal: map[int32]bool{unix.SYS_CLOSE: true}, plumbing: map[int32]bool{}, recorded: map[int32]bool{}}
+	// init's own calls are left out but on a thread it marks (3) for a
+	// file operation of the files API, between the marks.
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(1, 1, "agentjail"), Sysno: unix.SYS_GETPID, Exit: &pb.Exit{Result: 1}})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(1, 3, "agentjail"), Sysno: unix.SYS_PRCTL,
+		Arg1: initproto.RecordOption, Arg2: 1, Exit: &pb.Exit{Result: -1, Errorno: int64(unix.EINVAL)}})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(1, 1, "agentjail"), Sysno: unix.SYS_PIPE2})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_OPEN, &pb.Open{ContextData: ctxData(1, 3, "agentjail"), Sysno: unix.SYS_OPENAT,
+		Fd: unix.AT_FDCWD, Pathname: "/workspace/up", Flags: unix.O_WRONLY, Exit: &pb.Exit{Result: 7}})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(1, 3, "agentjail"), Sysno: unix.SYS_PRCTL,
+		Arg1: initproto.RecordOption, Arg2: 0, Exit: &pb.Exit{Result: -1, Errorno: int64(unix.EINVAL)}})
+	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(1, 3, "agentjail"), Sysno: unix.SYS_GETPID, Exit: &pb.Exit{Result: 1}})
 	// init (1) starts a shim (5), which starts the command (6).
 	feed(t, r, pb.MessageType_MESSAGE_SENTRY_CLONE, &pb.CloneInfo{ContextData: ctxData(1, 1, "agentjail"), CreatedThreadId: 5, CreatedThreadGroupId: 5})
 	feed(t, r, pb.MessageType_MESSAGE_SYSCALL_RAW, &pb.Syscall{ContextData: ctxData(5, 5, "agentjail"), Sysno: unix.SYS_GETPID, Exit: &pb.Exit{Result: 5}})
@@ -77,6 +89,7 @@ func TestReaderMapsPoints(t *testing.T) {
 		got = append(got, s)
 	}
 	want := []string{
+		"syscall  agentjail openat",
 		"proc fork agentjail",
 		// the shim's getpid is plumbing: left out
 		"proc fork agentjail",
@@ -91,7 +104,10 @@ func TestReaderMapsPoints(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("events:\n%q\nwant\n%q", got, want)
 	}
-	fork, exec, open, read, conn, exit := c.evs[1], c.evs[2], c.evs[3], c.evs[4], c.evs[6], c.evs[8]
+	if up := c.evs[0]; up.Path != "/workspace/up" || up.TID != 3 {
+		t.Errorf("init's marked openat: %+v", up)
+	}
+	fork, exec, open, read, conn, exit := c.evs[2], c.evs[3], c.evs[4], c.evs[5], c.evs[7], c.evs[9]
 	if fork.PID != 6 || fork.PPID != 5 || fork.CallerTID != 5 || fork.HostPID != 0 {
 		t.Errorf("fork: %+v", fork)
 	}
@@ -128,6 +144,9 @@ func TestTracedSyscalls(t *testing.T) {
 	}
 	if !slices.Contains(nrs, unix.SYS_GETPID) || internal[unix.SYS_GETPID] || !internal[unix.SYS_OPENAT] {
 		t.Errorf("include getpid, exclude openat: internal %v", internal)
+	}
+	if !slices.Contains(nrs, unix.SYS_PRCTL) || !internal[unix.SYS_PRCTL] {
+		t.Errorf("include getpid: prctl (init's marks) is not traced as internal: %v", internal)
 	}
 	if _, _, err := tracedSyscalls(config.Tracing{Include: []string{"nope"}}); err == nil {
 		t.Error("an unknown syscall name was accepted")
@@ -204,7 +223,7 @@ func TestSinkProtocol(t *testing.T) {
 		}
 	}
 	c := &collect{}
-	r := &reader{conn: conn, sink: c, internal: map[int32]bool{}, plumbing: map[int32]bool{}, done: make(chan struct{})}
+	r := &reader{conn: conn, sink: c, internal: map[int32]bool{}, plumbing: map[int32]bool{}, recorded: map[int32]bool{}, done: make(chan struct{})}
 	go r.run()
 	send(pb.MessageType_MESSAGE_SYSCALL_RAW, 0, &pb.Syscall{ContextData: ctxData(7, 7, "sh"), Sysno: unix.SYS_GETPID, Exit: &pb.Exit{Result: 7}})
 	send(pb.MessageType_MESSAGE_SYSCALL_RAW, 5, &pb.Syscall{ContextData: ctxData(7, 7, "sh"), Sysno: unix.SYS_GETPPID, Exit: &pb.Exit{Result: 1}})

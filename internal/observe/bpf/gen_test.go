@@ -5,9 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/testenv"
 )
 
@@ -107,4 +109,27 @@ func generateLines(t *testing.T, file string) [][]string {
 		out = append(out, words)
 	}
 	return out
+}
+
+// TestInitRecordOptionMatches checks that the prctl option init marks its
+// recorded threads with is the one the kernel program looks for.
+func TestInitRecordOptionMatches(t *testing.T) {
+	h, err := os.ReadFile(filepath.Join("csrc", "observe.h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(h), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "#define" && f[1] == "INIT_RECORD_OPTION" {
+			v, err := strconv.ParseUint(strings.TrimSuffix(f[2], "UL"), 0, 64)
+			if err != nil {
+				t.Fatalf("INIT_RECORD_OPTION %q: %v", f[2], err)
+			}
+			if v != initproto.RecordOption {
+				t.Fatalf("observe.h's INIT_RECORD_OPTION is %#x, initproto.RecordOption %#x", v, initproto.RecordOption)
+			}
+			return
+		}
+	}
+	t.Fatal("observe.h defines no INIT_RECORD_OPTION")
 }

@@ -81,7 +81,7 @@ type observePending struct {
 	NsTgid  uint32
 	NsTid   uint32
 	NsValid uint32
-	Pad     uint32
+	Record  uint32
 }
 
 type observeSysEv struct {

@@ -45,7 +45,9 @@ type Options struct {
 	// InitPid is the host pid of the jail's init. The processes it starts
 	// for its own work (command shims), and each child of theirs until it
 	// executes the command, are then left out of the syscall stream; their
-	// process events are still recorded. 0 records every process.
+	// process events are still recorded. So are init's own syscalls, but
+	// those of a thread it marks (prctl initproto.RecordOption) while it
+	// works on files for the files API. 0 records every process.
 	InitPid int
 }
 

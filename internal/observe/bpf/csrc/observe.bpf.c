@@ -13,6 +13,8 @@
  * its init starts for its work (command shims) and each child a shim forks,
  * until that child executes the command. Which processes these are is
  * followed by ancestry, so no process the jail's user starts can join them.
+ * Init's own calls are left out too, but for those of the threads it marks
+ * while they work on files for the files API (INIT_RECORD_OPTION).
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -60,7 +62,7 @@ struct pending {
 	u32 ns_tgid;
 	u32 ns_tid;
 	u32 ns_valid;
-	u32 pad;
+	u32 record; /* a thread of init marked as recorded */
 };
 
 struct {
@@ -275,23 +277,34 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
 	struct task_struct *t;
 	struct pending *p;
-	u32 nr;
+	u32 nr, tgid;
 
 	if (!w)
 		return 0;
 	if (!(w->flags & W_SYSCALLS) || id < 0 || id >= MAX_SYSCALLS)
 		return 0;
 	nr = (u32)id;
+	tgid = bpf_get_current_pid_tgid() >> 32;
+	t = bpf_get_current_task_btf();
+	if (tgid == w->init_tgid) {
+		/* Init's calls are recorded on the threads it marks only; the
+		 * marks themselves are not recorded. */
+		if (nr == NR_PRCTL && regs->di == INIT_RECORD_OPTION) {
+			p = bpf_task_storage_get(&inflight, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+			if (p)
+				p->record = regs->si != 0;
+			return 0;
+		}
+		p = bpf_task_storage_get(&inflight, t, 0, 0);
+		if (!p || !p->record)
+			return 0;
+	}
 	if (!(w->mask[(nr >> 6) & 7] & (1ULL << (nr & 63))))
 		return 0;
 	/* A plumbing process's execve is kept: it starts the command. */
-	if (nr != NR_EXECVE && nr != NR_EXECVEAT) {
-		u32 tgid = bpf_get_current_pid_tgid() >> 32;
-		if (bpf_map_lookup_elem(&plumbing, &tgid))
-			return 0;
-	}
+	if (nr != NR_EXECVE && nr != NR_EXECVEAT && bpf_map_lookup_elem(&plumbing, &tgid))
+		return 0;
 
-	t = bpf_get_current_task_btf();
 	p = bpf_task_storage_get(&inflight, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!p)
 		return 0;

@@ -18,6 +18,13 @@
 #define NR_EXECVEAT 322
 #define MAX_PLUMBING 16384
 
+/* The jail's init marks a thread whose calls are recorded (1) or no longer
+ * (0) with prctl(INIT_RECORD_OPTION, on): an option no kernel knows (the
+ * call fails with EINVAL) that the sys_enter program reads from init alone.
+ * initproto.RecordOption is the same number. */
+#define NR_PRCTL 157
+#define INIT_RECORD_OPTION 0x4147524aUL
+
 /* Record kinds (hdr.kind). */
 enum ev_kind {
 	EV_SYSCALL = 1,
