@@ -205,3 +205,43 @@ func BenchmarkCreateBurst(b *testing.B) {
 	b.ReportMetric(ms(median(o.cold)), "cold-ms")
 	b.ReportMetric(x(median(o.cold)), "cold-x-ref")
 }
+
+// BenchmarkCreateCold times creates that no ready jail fits (each with an
+// environment of its own), through the API until `true` has run in the
+// new jail, on a daemon with serve's default pool of two ready jails,
+// each create right after a `runc run` of the minimal bundle
+// (newBusyboxBundle) that is its reference. It reports the medians and
+// their ratio (target ≤ 2×). BenchmarkCreateBurst's cold-* measures the
+// same with fifty ready jails on the host, whose network rules every
+// attachment rebuilds.
+func BenchmarkCreateCold(b *testing.B) {
+	requireEnv(b)
+	d := newDaemon(b, "--warm-jails", "2")
+	rb := newBusyboxBundle(b)
+	d.waitWarm(b)
+	var ref, cold []time.Duration
+	b.ResetTimer()
+	for i := range max(b.N, 15) {
+		start := time.Now()
+		rb.run(b, fmt.Sprintf("bbc-%d-%d", os.Getpid(), i))
+		ref = append(ref, time.Since(start))
+		start = time.Now()
+		var j jailInfo
+		d.api.want(b, http.StatusCreated, "POST", "/jails", map[string]any{"name": uniqueName(b), "env": map[string]string{"BENCH_COLD": fmt.Sprint(i)}}, &j)
+		res := d.exec(b, j.ID, execReq{Cmd: []string{"true"}})
+		cold = append(cold, time.Since(start))
+		if res.ExitCode != 0 {
+			b.Fatalf("exec true: %s", &res)
+		}
+		b.StopTimer()
+		d.destroy(b, j.ID)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	if h := d.health(b); h.Warm == nil || h.Warm.Taken != 0 {
+		b.Fatalf("a ready jail served a create meant to be cold: %+v", h.Warm)
+	}
+	b.ReportMetric(ms(median(ref)), "ref-ms")
+	b.ReportMetric(ms(median(cold)), "cold-ms")
+	b.ReportMetric(float64(median(cold))/float64(median(ref)), "cold-x-ref")
+}
