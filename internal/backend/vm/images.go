@@ -176,17 +176,29 @@ func addFile(w *cpio.Writer, src, name string) error {
 }
 
 // treeKey identifies the content of the tree at root cheaply: every
-// entry's path, mode, owner, size and modification time (package managers
-// and builders replace files, which changes these).
+// entry's path, mode and owner, and every non-directory's size and
+// modification time (package managers and builders replace files, which
+// changes these; a directory's own times change only with its entries,
+// which are in the key themselves). Python's bytecode caches
+// (__pycache__) are left out: any python3 the host's root runs may write
+// them, and a guest checks each one against its source anyway, so a stale
+// one in an image is only not used.
 func treeKey(root string) (string, error) {
 	h := sha256.New()
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
+		if d.IsDir() && d.Name() == "__pycache__" {
+			return fs.SkipDir
+		}
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
+		}
+		if d.IsDir() {
+			fmt.Fprintf(h, "%s\x00%o %d %d\n", p, st.Mode, st.Uid, st.Gid)
+			return nil
 		}
 		fmt.Fprintf(h, "%s\x00%o %d %d %d %d.%d\n", p, st.Mode, st.Uid, st.Gid, st.Size, st.Mtim.Sec, st.Mtim.Nsec)
 		return nil

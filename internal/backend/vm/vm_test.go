@@ -226,8 +226,26 @@ func TestTreeKey(t *testing.T) {
 	if err := os.WriteFile(p, []byte("two!"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if k3, _ := treeKey(dir); k3 == k1 {
+	k3, _ := treeKey(dir)
+	if k3 == k1 {
 		t.Errorf("a changed file left the key as it was")
+	}
+	// Bytecode caches come and go without changing the key.
+	pyc := filepath.Join(dir, "sub", "__pycache__", "f.cpython-311.pyc")
+	if err := os.MkdirAll(filepath.Dir(pyc), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pyc, []byte("cache"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if k4, _ := treeKey(dir); k4 != k3 {
+		t.Errorf("writing a __pycache__ file changed the key")
+	}
+	if err := os.WriteFile(pyc, []byte("cache, again"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if k5, _ := treeKey(dir); k5 != k3 {
+		t.Errorf("rewriting a __pycache__ file changed the key")
 	}
 	if _, err := treeKey(filepath.Join(dir, "missing")); err == nil {
 		t.Errorf("the key of a missing tree")
