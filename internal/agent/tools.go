@@ -15,17 +15,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/lazyre"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -74,7 +73,7 @@ func NewTools(dir string) (*Tools, error) {
 func (t *Tools) Dir() string { return t.dir }
 
 // versionRE accepts npm versions (and dist-tags such as "latest").
-var versionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$`) })
+var versionRE = lazyre.New(`^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$`)
 
 // Progress receives an install's progress lines.
 type Progress func(line string)

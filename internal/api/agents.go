@@ -5,11 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"regexp"
-	"sync"
 	"time"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/lazyre"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -61,7 +60,7 @@ func (s *server) listAgents(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-var agentNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`) })
+var agentNameRE = lazyre.New(`^[a-z][a-z0-9-]{0,31}$`)
 
 // installAgent streams the install as NDJSON: {"progress": line}... then
 // {"tool": {...}, "installed": bool} or {"type":"error","error":{...}}.

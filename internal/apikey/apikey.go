@@ -21,7 +21,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/lazyre"
 )
 
 // Role is what a key may do.
@@ -85,8 +85,8 @@ const (
 const maxHashing = 2
 
 var (
-	idRE     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{12}$`) })
-	tenantRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`) })
+	idRE     = lazyre.New(`^[0-9a-f]{12}$`)
+	tenantRE = lazyre.New(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 )
 
 // stored is a key's record in the file.

@@ -4,11 +4,10 @@ import (
 	"fmt"
 	"net"
 	"path"
-	"regexp"
 	"strings"
-	"sync"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/lazyre"
 )
 
 // Host describes what the daemon's host allows; it bounds some limits.
@@ -24,7 +23,7 @@ type Host struct {
 	NetworkModes []string
 }
 
-var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
+var nameRE = lazyre.New(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 
 // ValidName reports whether s is an acceptable jail or snapshot name.
 func ValidName(s string) error {
@@ -353,7 +352,7 @@ func (p *Process) validate() error {
 	return nil
 }
 
-var userRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$|^[0-9]{1,10}$`) })
+var userRE = lazyre.New(`^[a-z_][a-z0-9_-]{0,31}$|^[0-9]{1,10}$`)
 
 func (s *SeccompProfile) validate() error {
 	const f = "isolation.process.seccomp_profile."

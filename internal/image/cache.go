@@ -11,12 +11,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/lazyre"
 )
 
 // DefaultCacheBytes bounds the registry cache unless Options say otherwise.
@@ -72,7 +73,7 @@ func (c *BlobCache) Size() (used, max int64) {
 	return c.total, c.max
 }
 
-var digestRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:([0-9a-f]{64})$`) })
+var digestRE = lazyre.New(`^sha256:([0-9a-f]{64})$`)
 
 // Open returns the cached content of digest and its media type, marking
 // it used; fs.ErrNotExist when it is not cached.
@@ -209,7 +210,7 @@ type cacheTransport struct {
 	next http.RoundTripper
 }
 
-var byDigestRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^/v2/.+/(blobs|manifests)/(sha256:[0-9a-f]{64})$`) })
+var byDigestRE = lazyre.New(`^/v2/.+/(blobs|manifests)/(sha256:[0-9a-f]{64})$`)
 
 // requestDigest returns the digest a GET asks for ("" for other
 // requests), looking through the redirects that led to it.

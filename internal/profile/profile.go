@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"slices"
 	"sort"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image"
+	"github.com/agentjail/agentjail/internal/lazyre"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -56,11 +56,9 @@ var builtIn = map[string][]string{
 }
 
 var (
-	nameRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`) })
-	packageRE = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]{0,127}(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?$`)
-	})
-	suiteRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z]{2,32}$`) })
+	nameRE    = lazyre.New(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
+	packageRE = lazyre.New(`^[a-z0-9][a-z0-9+.-]{0,127}(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?$`)
+	suiteRE   = lazyre.New(`^[a-z]{2,32}$`)
 )
 
 // Options configure a Builder.

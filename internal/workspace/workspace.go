@@ -24,7 +24,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -32,13 +31,14 @@ import (
 
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/lazyre"
 )
 
 // gitTimeout bounds every git command the daemon runs.
 const gitTimeout = 5 * time.Minute
 
 // refRE accepts branch, tag and commit names (no options, no ranges).
-var refRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$`) })
+var refRE = lazyre.New(`^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$`)
 
 // Source is a resolved workspace repository.
 type Source struct {

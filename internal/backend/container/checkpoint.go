@@ -11,10 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	runc "github.com/containerd/go-runc"
@@ -27,6 +25,7 @@ import (
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/lazyre"
 	"github.com/agentjail/agentjail/internal/storage"
 )
 
@@ -197,7 +196,7 @@ func probeCheckpoint(given string) (string, string) {
 	return "", strings.Join(reasons, "; ")
 }
 
-var criuVersionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?m)^Version:\s*(\d+)\.(\d+)`) })
+var criuVersionRE = lazyre.New(`(?m)^Version:\s*(\d+)\.(\d+)`)
 
 func criuVersion(out string) (int, int, bool) {
 	m := criuVersionRE().FindStringSubmatch(out)
@@ -446,10 +445,8 @@ func thawFS(dir string) error {
 
 // dumpErrorRE finds CRIU's error lines; pidRE the pids they name.
 var (
-	dumpErrorRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`Error \([^)]*\): (.*)$`) })
-	pidRE       = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`\(pid:? (\d+)\)|\bpid (\d+)\b|\b(\d+)'s\b|\bzombie (\d+)\b|\bfrom (\d+):`)
-	})
+	dumpErrorRE = lazyre.New(`Error \([^)]*\): (.*)$`)
+	pidRE       = lazyre.New(`\(pid:? (\d+)\)|\bpid (\d+)\b|\b(\d+)'s\b|\bzombie (\d+)\b|\bfrom (\d+):`)
 )
 
 // dumpError turns a failed dump into an error that names what could not
@@ -530,7 +527,7 @@ func processName(pid string) string {
 }
 
 // logStampRE reads the (SS.UUUUUU) stamp CRIU puts before each log line.
-var logStampRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\((\d+)\.(\d{6})\)`) })
+var logStampRE = lazyre.New(`^\((\d+)\.(\d{6})\)`)
 
 // frozenTime reads from a dump log how long the jail's processes were
 // frozen: from the cgroup freeze to the release of the tasks.
@@ -789,12 +786,10 @@ func drain(pipes runc.IO) {
 
 // restoreLineRE reads a CRIU restore log's error lines: the pid (in the
 // jail) of the task that logged it, if any, and the message.
-var restoreLineRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\([0-9.]+\)\s+(?:(\d+): )?Error \([^)]*\): (.*)$`) })
+var restoreLineRE = lazyre.New(`^\([0-9.]+\)\s+(?:(\d+): )?Error \([^)]*\): (.*)$`)
 
 // restorePidRE finds the task a restore message is about.
-var restorePidRE = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^(\d+) (?:killed|exited)\b|\bfor (\d+)$|\(pid:? (\d+)\)`)
-})
+var restorePidRE = lazyre.New(`^(\d+) (?:killed|exited)\b|\bfor (\d+)$|\(pid:? (\d+)\)`)
 
 // restoreError turns a failed restore into an error naming CRIU's reason
 // and the checkpoint's processes it concerns (from the record snapDir
