@@ -53,18 +53,11 @@ func Refresh(path string, data []byte, perm os.FileMode) error {
 	if err != nil {
 		return err
 	}
-	_, werr := f.Write(data)
-	cerr := f.Close()
-	f.done = true
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Abort()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return f.commit(false)
 }
 
 // holds reports whether path is a regular file (not a link to one) with
@@ -111,12 +104,19 @@ func Create(path string, perm os.FileMode) (*File, error) {
 // the directory. On error the target is unchanged (or, if only the final
 // directory sync failed, replaced but perhaps not durably) and the
 // temporary file is removed.
-func (f *File) Commit() error {
+func (f *File) Commit() error { return f.commit(true) }
+
+// commit closes the file and renames it over its target; durable syncs
+// the file before and the directory after.
+func (f *File) commit(durable bool) error {
 	if f.done {
 		return fmt.Errorf("write %s: already committed or aborted", f.path)
 	}
 	f.done = true
-	serr := f.Sync()
+	var serr error
+	if durable {
+		serr = f.Sync()
+	}
 	cerr := f.Close()
 	if err := errors.Join(serr, cerr); err != nil {
 		os.Remove(f.Name())
@@ -125,6 +125,9 @@ func (f *File) Commit() error {
 	if err := os.Rename(f.Name(), f.path); err != nil {
 		os.Remove(f.Name())
 		return fmt.Errorf("write %s: %w", f.path, err)
+	}
+	if !durable {
+		return nil
 	}
 	if err := SyncDir(filepath.Dir(f.path)); err != nil {
 		return fmt.Errorf("write %s: %w", f.path, err)
@@ -147,20 +150,38 @@ func (f *File) Abort() {
 // program, a stream closed by its writer), to newpath durably: the file's
 // data is synced before the rename and newpath's directory after it.
 func Rename(oldpath, newpath string) error {
-	f, err := os.Open(oldpath)
-	if err != nil {
+	if err := syncData(oldpath); err != nil {
 		return fmt.Errorf("rename %s: %w", oldpath, err)
-	}
-	serr := f.Sync()
-	f.Close()
-	if serr != nil {
-		return fmt.Errorf("rename %s: sync: %w", oldpath, serr)
 	}
 	if err := os.Rename(oldpath, newpath); err != nil {
 		return err
 	}
 	if err := SyncDir(filepath.Dir(newpath)); err != nil {
 		return fmt.Errorf("rename %s: %w", oldpath, err)
+	}
+	return nil
+}
+
+// Sync makes the file at path, written by other means (Refresh, another
+// program), durable where it is: its data, then its name in its
+// directory.
+func Sync(path string) error {
+	if err := syncData(path); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// syncData syncs the data of the file at path.
+func syncData(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(serr, cerr); err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	return nil
 }

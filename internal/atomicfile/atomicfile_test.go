@@ -299,3 +299,16 @@ func TestRefresh(t *testing.T) {
 		t.Error("refreshing a file in a missing directory succeeded")
 	}
 }
+
+func TestSync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	if err := Refresh(path, []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Sync(path); err != nil {
+		t.Fatalf("sync of a written file: %v", err)
+	}
+	if err := Sync(path + ".missing"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("sync of a missing file: %v, want ErrNotExist", err)
+	}
+}

@@ -553,30 +553,13 @@ func (m *Manager) made(e *entry) {
 	e.mu.Lock()
 	e.making = false
 	e.mu.Unlock()
-	if err := syncFile(filepath.Join(e.dir, "jail.json")); err != nil {
+	if err := atomicfile.Sync(filepath.Join(e.dir, "jail.json")); err != nil {
 		m.log.Error("a new jail stays marked as being made; a crash would release it", "jail", e.snapshot().ID, "err", err)
 		return
 	}
 	if err := os.Remove(filepath.Join(e.dir, makingMarker)); err != nil {
 		m.log.Error("a new jail stays marked as being made; a crash would release it", "jail", e.snapshot().ID, "err", err)
 	}
-}
-
-// syncFile makes the file at path, and its name in its directory,
-// durable.
-func syncFile(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	return atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // setConfig replaces e's config in memory (persist writes it).
