@@ -258,30 +258,28 @@ func readLimit(dir, file string, v *uint64) error {
 }
 
 // readKey reads the value of key from a flat-keyed file ("key value" lines);
-// a missing key is zero.
+// a missing key is zero. The files it reads (memory.events,
+// memory.oom_control, cpu.stat) are a few short lines, read with bare
+// calls: this runs for every exec.
 func readKey(dir, file, key string, v *uint64) error {
-	b, err := os.ReadFile(filepath.Join(dir, file))
+	var buf [4096]byte
+	b, err := pseudofs.Read(filepath.Join(dir, file), buf[:])
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
-	*v, err = parseKey(b, dir, file, key)
-	return err
-}
-
-// parseKey returns the value of key in the "key value" lines b of dir/file
-// (0 when no line has it).
-func parseKey(b []byte, dir, file, key string) (uint64, error) {
 	for _, line := range strings.Split(string(b), "\n") {
 		k, val, ok := strings.Cut(line, " ")
 		if ok && k == key {
 			n, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("cgroup: %s/%s: %s: %w", dir, file, key, err)
+				return fmt.Errorf("cgroup: %s/%s: %s: %w", dir, file, key, err)
 			}
-			return n, nil
+			*v = n
+			return nil
 		}
 	}
-	return 0, nil
+	*v = 0
+	return nil
 }
 
 // ID returns the cgroup id of path: the inode number of its directory in the
@@ -408,17 +406,12 @@ func OOMKills(path string) (uint64, error) {
 	if v2 {
 		file = "memory.events"
 	}
-	// Both files are a few short lines; read with bare calls, as this runs
-	// for every exec.
-	var buf [1024]byte
-	b, err := pseudofs.Read(filepath.Join(dir, file), buf[:])
+	var n uint64
+	err := readKey(dir, file, "oom_kill", &n)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, errdefs.NotFoundf("cgroup %s has no memory controller directory", path)
 	}
-	if err != nil {
-		return 0, fmt.Errorf("cgroup: %w", err)
-	}
-	return parseKey(b, dir, file, "oom_kill")
+	return n, err
 }
 
 // Kill SIGKILLs every process in path's directory of the unified
