@@ -225,17 +225,7 @@ func BenchmarkCreateCold(b *testing.B) {
 		start := time.Now()
 		rb.run(b, fmt.Sprintf("bbc-%d-%d", os.Getpid(), i))
 		ref = append(ref, time.Since(start))
-		start = time.Now()
-		var j jailInfo
-		d.api.want(b, http.StatusCreated, "POST", "/jails", map[string]any{"name": uniqueName(b), "env": map[string]string{"BENCH_COLD": fmt.Sprint(i)}}, &j)
-		res := d.exec(b, j.ID, execReq{Cmd: []string{"true"}})
-		cold = append(cold, time.Since(start))
-		if res.ExitCode != 0 {
-			b.Fatalf("exec true: %s", &res)
-		}
-		b.StopTimer()
-		d.destroy(b, j.ID)
-		b.StartTimer()
+		cold = append(cold, d.timeCreateExec(b, map[string]any{"name": uniqueName(b), "env": map[string]string{"BENCH_COLD": fmt.Sprint(i)}}, []string{"true"}))
 	}
 	b.StopTimer()
 	if h := d.health(b); h.Warm == nil || h.Warm.Taken != 0 {

@@ -43,14 +43,7 @@ func BenchmarkScaling(b *testing.B) {
 			}
 			var create, execs, snaps, branches []time.Duration
 			for range 5 {
-				start := time.Now()
-				var j jailInfo
-				d.api.want(b, http.StatusCreated, "POST", "/jails", map[string]any{"name": uniqueName(b)}, &j)
-				if res := d.exec(b, j.ID, execReq{Cmd: []string{"true"}}); res.ExitCode != 0 {
-					b.Fatalf("exec true: %s", &res)
-				}
-				create = append(create, time.Since(start))
-				d.destroy(b, j.ID)
+				create = append(create, d.timeCreateExec(b, map[string]any{"name": uniqueName(b)}, []string{"true"}))
 			}
 			for range 50 {
 				start := time.Now()

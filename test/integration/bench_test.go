@@ -40,6 +40,25 @@ func median(samples []time.Duration) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+// timeCreateExec creates a jail from body (POST /jails), runs argv in it,
+// and returns the time from the create call to the exec's answer; the
+// command must exit 0. The jail is destroyed with b's timer stopped.
+func (d *daemon) timeCreateExec(b *testing.B, body map[string]any, argv []string) time.Duration {
+	b.Helper()
+	start := time.Now()
+	var j jailInfo
+	d.api.want(b, http.StatusCreated, "POST", "/jails", body, &j)
+	res := d.exec(b, j.ID, execReq{Cmd: argv})
+	took := time.Since(start)
+	if res.ExitCode != 0 {
+		b.Fatalf("exec %q: %s", argv, &res)
+	}
+	b.StopTimer()
+	d.destroy(b, j.ID)
+	b.StartTimer()
+	return took
+}
+
 // reportVsRef reports agentjail's and the reference's medians and their ratio.
 func reportVsRef(b *testing.B, ours, ref []time.Duration, target time.Duration) {
 	mo, mr := median(ours), median(ref)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os/exec"
 	"testing"
 	"time"
@@ -99,17 +98,7 @@ func BenchmarkE2BCreateToRun(b *testing.B) {
 			case "rest-create":
 				ref = append(ref, sdk.op(b, op))
 			default:
-				start := time.Now()
-				var j jailInfo
-				d.api.want(b, http.StatusCreated, "POST", "/jails", map[string]any{"name": uniqueName(b)}, &j)
-				res := d.exec(b, j.ID, execReq{Cmd: sdkArgv})
-				goRef = append(goRef, time.Since(start))
-				if res.ExitCode != 0 {
-					b.Fatalf("exec: %s", &res)
-				}
-				b.StopTimer()
-				d.destroy(b, j.ID)
-				b.StartTimer()
+				goRef = append(goRef, d.timeCreateExec(b, map[string]any{"name": uniqueName(b)}, sdkArgv))
 			}
 		}
 	}
