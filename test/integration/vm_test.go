@@ -112,7 +112,7 @@ func TestVMBranch(t *testing.T) {
 		pids = append(pids, b.Pid)
 	}
 	// No machine's memory is offered to the host's same-page merging
-	// (the daemon starts ksmd for restored container jails): merged pages
+	// (which a daemon may allow restored container jails): merged pages
 	// would let one jail's machine time what another's holds.
 	for _, pid := range pids {
 		smaps, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")

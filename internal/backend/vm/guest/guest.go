@@ -13,6 +13,7 @@ package guest
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,6 +64,10 @@ type g struct {
 	sessMu sync.Mutex
 	in     *io.PipeWriter
 	inR    *io.PipeReader
+	// outMu serializes the writes to the port and guards out, the one
+	// session whose frames may reach it (nil: none).
+	outMu sync.Mutex
+	out   *sessionOut
 	// initConns feeds init's server with the KindInit streams.
 	initConns *chanListener
 	// events are the jail's process events.
@@ -174,7 +179,7 @@ func (st *g) servePort() {
 			// The daemon hung up (or never came): end the session and
 			// wait for a connection.
 			logger.Printf("control port: the daemon is away (%v)", err)
-			st.park()
+			st.hangUp()
 			scan = scan[:0]
 			st.waitHost()
 			continue
@@ -198,37 +203,58 @@ func (st *g) servePort() {
 		}
 		rest := append([]byte(nil), scan[i+len(vmproto.WakeLine):]...)
 		scan = scan[:0]
-		if _, err := fmt.Fprintf(st.port, "\n%s\n", vmproto.HelloLine); err != nil {
+		pr, pw := io.Pipe()
+		out := &sessionOut{st: st, in: pw}
+		st.outMu.Lock()
+		_, err = fmt.Fprintf(st.port, "\n%s\n", vmproto.HelloLine)
+		if err == nil {
+			st.out = out
+		}
+		st.outMu.Unlock()
+		if err != nil {
 			logger.Printf("control port: %v", err)
 			continue
 		}
 		logger.Printf("control session starts")
-		pr, pw := io.Pipe()
 		st.sessMu.Lock()
 		st.in, st.inR = pw, pr
 		st.sessMu.Unlock()
-		go st.session(pr)
+		go st.session(pr, out)
 		if len(rest) > 0 {
 			_, _ = pw.Write(rest)
 		}
 	}
 }
 
-// park ends the current session's input: the port's next bytes are
-// scanned for the wake line. The session itself ends after grace (its
-// last replies are still being sent).
-func (st *g) park() {
+// hangUp ends the current session when the daemon went away: its input
+// ends and it writes nothing more; the port's next bytes are scanned for
+// the wake line.
+func (st *g) hangUp() {
 	st.sessMu.Lock()
 	in := st.in
 	st.in = nil
 	st.sessMu.Unlock()
+	st.outMu.Lock()
+	st.out = nil
+	st.outMu.Unlock()
 	if in != nil {
-		time.AfterFunc(parkGrace, func() { in.CloseWithError(io.EOF) })
+		in.CloseWithError(io.EOF)
 	}
 }
 
-// parkGrace is how long a parked session may still send.
-const parkGrace = time.Second
+// park ends out's session at the daemon's request, made on stream last:
+// the port's next bytes are scanned for the wake line, and the session
+// writes nothing after its answer on last (its first data frame there).
+func (st *g) park(out *sessionOut, last uint32) {
+	st.sessMu.Lock()
+	if st.in == out.in {
+		st.in = nil
+	}
+	st.sessMu.Unlock()
+	st.outMu.Lock()
+	out.last = last
+	st.outMu.Unlock()
+}
 
 // waitHost waits until the daemon is connected to the port (poll reports
 // no hang-up).
@@ -250,23 +276,78 @@ func (st *g) waitHost() {
 }
 
 // pipeConn is a session's connection: input from the port's reader,
-// output to the port.
+// output to the port through the session's gate.
 type pipeConn struct {
-	r    *io.PipeReader
-	port *os.File
+	r   *io.PipeReader
+	out *sessionOut
 }
 
 func (p pipeConn) Read(b []byte) (int, error)  { return p.r.Read(b) }
-func (p pipeConn) Write(b []byte) (int, error) { return p.port.Write(b) }
+func (p pipeConn) Write(b []byte) (int, error) { return p.out.Write(b) }
 func (p pipeConn) Close() error                { return p.r.Close() }
 
+// sessionOut is one session's output to the port. Each yamux frame (its
+// header and body, which yamux writes apart) reaches the port in one
+// write, and only while the session is the port's current one: frames of
+// a session that parked or ended never mix with the next session's (the
+// daemon's next connection, here or in a machine restored from a
+// snapshot taken while parked). A refused write fails, so what it
+// carried is not taken for sent (the process events keep it for the next
+// session).
+type sessionOut struct {
+	st *g
+	// in is the session's input, closed when the session may write no
+	// more.
+	in *io.PipeWriter
+	// hdr holds a data frame's header until its body comes.
+	hdr []byte
+	// last, when not 0, is the stream whose first data frame is the
+	// session's last write (guarded by st.outMu).
+	last uint32
+}
+
+// yamux's frame header: version, type, flags, stream id and length, the
+// numbers big-endian; a data frame's body (length bytes) follows.
+const (
+	frameHeaderLen = 12
+	frameTypeData  = 0
+)
+
+var errSessionOver = errors.New("control session: parked or ended")
+
+func (o *sessionOut) Write(b []byte) (int, error) {
+	if o.hdr == nil && len(b) == frameHeaderLen && b[1] == frameTypeData && binary.BigEndian.Uint32(b[8:]) > 0 {
+		o.hdr = append([]byte(nil), b...)
+		return len(b), nil
+	}
+	frame := b
+	if o.hdr != nil {
+		frame = append(o.hdr, b...)
+		o.hdr = nil
+	}
+	st := o.st
+	st.outMu.Lock()
+	defer st.outMu.Unlock()
+	if st.out != o {
+		return 0, errSessionOver
+	}
+	if _, err := st.port.Write(frame); err != nil {
+		return 0, err
+	}
+	if o.last != 0 && len(frame) > frameHeaderLen && frame[1] == frameTypeData && binary.BigEndian.Uint32(frame[4:]) == o.last {
+		st.out = nil
+		o.in.CloseWithError(io.EOF)
+	}
+	return len(b), nil
+}
+
 // session serves one yamux session until its input ends.
-func (st *g) session(in *io.PipeReader) {
+func (st *g) session(in *io.PipeReader, out *sessionOut) {
 	cfg := yamux.DefaultConfig()
 	cfg.EnableKeepAlive = false
 	cfg.LogOutput = io.Discard
 	cfg.MaxStreamWindowSize = 1 << 20
-	s, err := yamux.Server(pipeConn{in, st.port}, cfg)
+	s, err := yamux.Server(pipeConn{in, out}, cfg)
 	if err != nil {
 		logger.Printf("control session: %v", err)
 		return
@@ -282,14 +363,19 @@ func (st *g) session(in *io.PipeReader) {
 				st.in = nil
 			}
 			st.sessMu.Unlock()
+			st.outMu.Lock()
+			if st.out == out {
+				st.out = nil
+			}
+			st.outMu.Unlock()
 			return
 		}
-		go st.stream(c)
+		go st.stream(c, out)
 	}
 }
 
-// stream dispatches one stream by its first byte.
-func (st *g) stream(c net.Conn) {
+// stream dispatches one stream of out's session by its first byte.
+func (st *g) stream(c net.Conn, out *sessionOut) {
 	var kind [1]byte
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := io.ReadFull(c, kind[:]); err != nil {
@@ -317,7 +403,7 @@ func (st *g) stream(c net.Conn) {
 		var req struct{}
 		// Bytes after this request's are the next session's: the daemon
 		// parks the guest before the machine is saved.
-		st.request(c, &req, func() error { st.park(); return nil })
+		st.request(c, &req, func() error { st.park(out, c.(*yamux.Stream).StreamID()); return nil })
 	case vmproto.KindShutdown:
 		var req struct{}
 		// Init ends gracefully on SIGTERM (its commands get it first);
