@@ -172,6 +172,9 @@ func (st *g) servePort() {
 	var scan []byte
 	for {
 		n, err := st.port.Read(buf)
+		if errors.Is(err, os.ErrClosed) {
+			return
+		}
 		if n == 0 {
 			if err != nil && !errors.Is(err, io.EOF) {
 				logger.Printf("control port: %v", err)
