@@ -5,17 +5,16 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 )
 
 // Direct bytes (bridge mode). The proxies charge the bytes they carry to
 // a jail's bytes_per_hour budget; the bytes of a bridge jail's direct
 // connections pass the kernel only, so the table counts them: a named
 // counter per such jail, fed by its veth's forwarded packets both ways.
-// The manager reads and resets the counters every bytesPoll (and before
-// each rebuild of the table, which would lose them), charges the budgets,
-// and once one is spent refuses the jail's new connections as it does
-// when the proxies spend it.
+// The manager reads and resets the counters every bytesPoll (a jail's
+// counter lives as long as it is attached and counted, whatever happens
+// to other jails), charges the budgets, and once one is spent refuses
+// the jail's new connections as it does when the proxies spend it.
 
 // bytesPoll is how often the counters of direct bytes are read.
 const bytesPoll = time.Second
@@ -27,20 +26,6 @@ const counterPrefix = "b_"
 // bridge jail with a byte budget.
 func countsBytes(mode string, cp *compiledPolicy) bool {
 	return mode == ModeBridge && cp.src.BytesPerHour > 0
-}
-
-// addByteCounters adds the counters of the jails whose direct bytes are
-// counted, and the forward rules that feed them, first in the chain.
-func (rs *ruleset) addByteCounters(c *nftables.Conn, t *nftables.Table, add func(*nftables.Chain, ...*rb), forward *nftables.Chain) {
-	for _, j := range rs.jails {
-		if !countsBytes(j.mode, j.policy) {
-			continue
-		}
-		name := counterPrefix + j.id
-		c.AddObj(&nftables.CounterObj{Table: t, Name: name})
-		ref := func() expr.Any { return &expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name} }
-		add(forward, rule().iif(j.veth, false).add(ref()), rule().oif(j.veth, false, expr.CmpOpEq).add(ref()))
-	}
 }
 
 // overBudget is a jail whose budget is spent (why names the limit) while

@@ -17,9 +17,10 @@ import (
 // bridge-mode jail with addresses of a name a domain rule allows, it
 // adds them to per-jail nftables sets, one per (protocol, port) that the
 // jail's domain rules name (port 0: every port), and the jail may then
-// connect to them directly, for learnedTTL after the last answer. The
-// sets are rebuilt from the learned addresses with every table change,
-// so a policy update takes effect for new connections at once.
+// connect to them directly, for learnedTTL after the last answer. A
+// jail's sets are refilled from its learned addresses whenever its
+// objects in the table change, so a policy update takes effect for new
+// connections at once.
 
 // learnedTTL is how long an address the daemon's DNS gave a jail stays
 // reachable directly, counted from the last answer naming it. It is far
@@ -117,24 +118,20 @@ func (cp *compiledPolicy) allowsEveryPort(t Target, extra []netip.Prefix) bool {
 	return false
 }
 
-// addDirectSets adds a jail's direct sets to the table of a transaction
-// and returns one accepting rule per set for the jail's egress chain.
-func (rs *ruleset) addDirectSets(c *nftables.Conn, t *nftables.Table, j jailRules) ([]*rb, error) {
+// directRules returns one accepting rule per direct set of jail j, for
+// its egress chain.
+func (rs *ruleset) directRules(j jailRules) []*rb {
 	var rules []*rb
 	for _, s := range j.direct {
-		set := &nftables.Set{Table: t, Name: s.name, KeyType: nftables.TypeIPAddr}
-		if err := c.AddSet(set, s.elements()); err != nil {
-			return nil, fmt.Errorf("nftables: set %s: %w", s.name, err)
-		}
 		r := rule().ip4().l4(s.proto)
 		if s.port != 0 {
 			r = r.dport(s.port)
 		}
 		r.add(&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID})
+			&expr.Lookup{SourceRegister: 1, SetName: s.name})
 		rules = append(rules, r.note(rs, j.id, true, ruleDNS).accept())
 	}
-	return rules, nil
+	return rules
 }
 
 // elements are the set's addresses as nftables set elements.
@@ -191,7 +188,7 @@ func (m *Manager) learn(js *jailState, name string, addrs []netip.Addr) {
 		return
 	}
 	t := &nftables.Table{Name: m.table, Family: nftables.TableFamilyINet}
-	adds := 0
+	var added []directSet
 	for _, s := range directSets(js.id, js.pol(), fresh, extra, now) {
 		if len(s.addrs) == 0 {
 			continue
@@ -200,13 +197,25 @@ func (m *Manager) learn(js *jailState, name string, addrs []netip.Addr) {
 			m.log.Warn("nftables: learned addresses", "jail", js.id, "err", err)
 			return
 		}
-		adds++
+		added = append(added, s)
 	}
-	if adds == 0 {
+	if len(added) == 0 {
 		return
 	}
 	if err := c.Flush(); err != nil {
 		m.log.Warn("nftables: learned addresses", "jail", js.id, "name", name, "err", err)
+		return
+	}
+	if o := m.installed[js.id]; o != nil {
+		for _, s := range added {
+			for i := range o.sets {
+				if o.sets[i].name == s.name {
+					merged := slices.Concat(o.sets[i].addrs, s.addrs)
+					slices.SortFunc(merged, netip.Addr.Compare)
+					o.sets[i].addrs = slices.Compact(merged)
+				}
+			}
+		}
 	}
 }
 
@@ -224,8 +233,8 @@ func (m *Manager) schedulePrune(at time.Time) {
 	m.pruner = time.AfterFunc(m.pruneAt.Sub(m.now()), m.pruneLearned)
 }
 
-// pruneLearned forgets the learned addresses that expired and rebuilds
-// the table without them.
+// pruneLearned forgets the learned addresses that expired and takes them
+// out of the sets of their jails.
 func (m *Manager) pruneLearned() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -237,13 +246,15 @@ func (m *Manager) pruneLearned() {
 	}
 	now := m.now()
 	var next time.Time
-	pruned := false
+	var pruned []string
 	for _, js := range m.jails {
 		for a, names := range js.learned {
 			for name, until := range names {
 				if !now.Before(until) {
 					delete(names, name)
-					pruned = true
+					if !slices.Contains(pruned, js.id) {
+						pruned = append(pruned, js.id)
+					}
 				} else if next.IsZero() || until.Before(next) {
 					next = until
 				}
@@ -253,8 +264,8 @@ func (m *Manager) pruneLearned() {
 			}
 		}
 	}
-	if pruned {
-		if err := m.applyLocked(); err != nil {
+	if len(pruned) > 0 {
+		if err := m.syncLocked(pruned...); err != nil {
 			m.log.Warn("nftables: pruning learned addresses", "err", err)
 		}
 	}

@@ -40,7 +40,7 @@ type dnsJob struct {
 
 // serveDNSPackets answers DNS over UDP with dnsWorkers workers fed by a
 // queue of dnsQueue queries. The kernel drops a jail's queries past its
-// rate (see addDNSLimit); a query past dnsPerJail in flight, or finding
+// rate (see dnsLimit); a query past dnsPerJail in flight, or finding
 // the queue full, is dropped here and counted (see dnsDropped); the
 // reader never waits.
 func (m *Manager) serveDNSPackets(pc net.PacketConn) {

@@ -57,23 +57,24 @@ func dnsRate(cp *compiledPolicy) int {
 	return config.DefaultDNSQueriesPerSecond
 }
 
-// addDNSLimit adds the jail's DNS rate limit to the guard chain: UDP to
-// port 53 (redirected to the daemon) or to the daemon's DNS port past the
-// rate is dropped and counted in the jail's counter, which the byte
-// harvest reads every second (see harvestCountersLocked).
-func (rs *ruleset) addDNSLimit(c *nftables.Conn, t *nftables.Table, add func(*nftables.Chain, ...*rb), guard *nftables.Chain, j jailRules) {
-	name := dnsCounterPrefix + j.id
-	c.AddObj(&nftables.CounterObj{Table: t, Name: name})
+// dnsLimit returns the rules of jail j's DNS rate limit, first in its
+// guard chain: UDP to port 53 (redirected to the daemon) or to the
+// daemon's DNS port past the rate is dropped and counted in the jail's
+// counter, which the byte harvest reads every second (see
+// harvestBytesLocked).
+func (rs *ruleset) dnsLimit(j jailRules) []*rb {
 	rate := uint64(dnsRate(j.policy))
 	ports := []int{53}
 	if rs.ports.DNS != 53 {
 		ports = append(ports, rs.ports.DNS)
 	}
+	var rules []*rb
 	for _, port := range ports {
-		add(guard, rule().iif(j.veth, false).ip4().l4(unix.IPPROTO_UDP).dport(port).add(
+		rules = append(rules, rule().ip4().l4(unix.IPPROTO_UDP).dport(port).add(
 			&expr.Limit{Type: expr.LimitTypePkts, Rate: rate, Over: true, Unit: expr.LimitTimeSecond, Burst: uint32(rate)},
-			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name}).drop())
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: dnsCounterPrefix + j.id}).drop())
 	}
+	return rules
 }
 
 // dnsState is one jail's DNS admission: a token bucket of its rate, its

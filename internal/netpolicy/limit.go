@@ -153,7 +153,7 @@ func (m *Manager) overLimit(js *jailState, why string) {
 		return
 	}
 	js.limited = why
-	if err := m.applyLocked(); err != nil {
+	if err := m.syncLocked(js.id); err != nil {
 		m.log.Warn("refusing direct connections over the rate limit", "jail", js.id, "err", err)
 		js.limited = ""
 		return
@@ -184,7 +184,7 @@ func (m *Manager) relieve(js *jailState) {
 		return
 	}
 	js.limited = ""
-	if err := m.applyLocked(); err != nil {
+	if err := m.syncLocked(js.id); err != nil {
 		m.log.Warn("lifting the rate limit of direct connections", "jail", js.id, "err", err)
 	}
 }

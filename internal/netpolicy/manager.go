@@ -11,7 +11,9 @@
 // address, and jail-to-jail traffic passes the forward hook where
 // inter-jail rules apply.
 //
-// In the kernel (the table is rebuilt in one transaction on every change):
+// In the kernel (one table: a shared part made once, and each jail's own
+// chains, sets and counters, added and removed with the jail in a
+// transaction of their own):
 // a jail reaches only the daemon's DNS and proxies on the daemon address;
 // its TCP 80/443 to anywhere outside the jail subnet is redirected to the
 // transparent proxy, which decides by the Host header or TLS SNI; its DNS
@@ -36,6 +38,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -46,6 +49,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -220,6 +224,11 @@ type Manager struct {
 	mu    sync.Mutex // guards jails, byIP, the prune timer and the kernel state
 	jails map[string]*jailState
 	byIP  map[netip.Addr]*jailState
+	// installed are each jail's objects in the table, as last synced.
+	installed map[string]*jailObjs
+	// lastTx is the number of messages of the last transaction on the
+	// table that syncLocked made.
+	lastTx int
 	// pruner rebuilds the table without expired learned addresses at
 	// pruneAt (see direct.go).
 	pruner  *time.Timer
@@ -279,7 +288,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		o: o, log: o.Log, subnet: subnet, daemon: subnet.Addr().Next(),
 		dummy: o.Prefix + "0", table: tableName(o.Prefix), ports: defaultPorts,
 		closing: make(chan struct{}), now: time.Now,
-		jails: map[string]*jailState{}, byIP: map[netip.Addr]*jailState{},
+		jails: map[string]*jailState{}, byIP: map[netip.Addr]*jailState{}, installed: map[string]*jailObjs{},
 	}
 	h := fnv.New32a()
 	h.Write([]byte(o.Prefix))
@@ -314,7 +323,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	if err := m.startServices(ctx); err != nil {
 		return nil, err
 	}
-	if err := m.applyLocked(); err != nil {
+	if err := m.ruleset().applyBase(); err != nil {
 		return nil, err
 	}
 	m.wg.Add(1)
@@ -466,7 +475,7 @@ func (m *Manager) Attach(ctx context.Context, j Jail) (Attachment, error) {
 	}
 	m.jails[j.ID] = js
 	m.byIP[ip] = js
-	if err := m.applyLocked(); err != nil {
+	if err := m.syncLocked(j.ID); err != nil {
 		delete(m.jails, j.ID)
 		delete(m.byIP, ip)
 		m.unplumb(js)
@@ -633,7 +642,7 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 		js.dns.setRate(p.DNSQueriesPerSecond)
 	}
 	js.mu.Unlock()
-	if err := m.applyLocked(); err != nil {
+	if err := m.syncLocked(jailID); err != nil {
 		js.mu.Lock()
 		js.policy = old
 		js.mu.Unlock()
@@ -697,7 +706,7 @@ func (m *Manager) Detach(ctx context.Context, jailID string) error {
 	if js.relief != nil {
 		js.relief.Stop()
 	}
-	err := m.applyLocked()
+	err := m.syncLocked(jailID)
 	m.unplumb(js)
 	js.up.closeIdle(true)
 	if err != nil {
@@ -733,14 +742,8 @@ func (m *Manager) Close() error {
 	return err
 }
 
-// applyLocked rebuilds the kernel table from the attached jails. m.mu is
-// held (or the manager is not shared yet).
-func (m *Manager) applyLocked() error {
-	// The rebuild resets the counters of direct bytes: charge them first.
-	for _, o := range m.harvestBytesLocked() {
-		o.js.limited = o.why
-		m.scheduleRelief(o.js)
-	}
+// ruleset returns the shared settings of the table's rules.
+func (m *Manager) ruleset() *ruleset {
 	rs := &ruleset{table: m.table, prefix: m.o.Prefix + "v", subnet: m.subnet, daemon: m.daemon,
 		group: m.group, ports: m.ports}
 	for _, p := range protectedRanges {
@@ -748,24 +751,79 @@ func (m *Manager) applyLocked() error {
 			rs.protected = append(rs.protected, p)
 		}
 	}
-	ids := make([]string, 0, len(m.jails))
-	for id := range m.jails {
-		ids = append(ids, id)
+	return rs
+}
+
+// syncLocked brings the objects of the jails ids in the kernel table to
+// their current state in one transaction: the objects of an attached jail
+// are added or changed, those of a detached one removed. The chains of
+// inter-jail rules of the other jails change only where a rule relates
+// them to one of ids. Nothing else in the table is touched; if the
+// transaction fails, the table is as it was. m.mu is held.
+func (m *Manager) syncLocked(ids ...string) error {
+	rs := m.ruleset()
+	for _, id := range slices.Sorted(maps.Keys(m.jails)) {
+		js := m.jails[id]
+		rs.jails = append(rs.jails, jailRules{id: js.id, name: js.name, veth: js.veth, ip: js.ip, mode: js.mode,
+			policy: js.pol(), limited: js.limited})
 	}
-	slices.Sort(ids)
+	want := map[string]*jailObjs{}
+	// Objects of jails detached by an earlier transaction that failed.
+	for id := range m.installed {
+		if m.jails[id] == nil {
+			want[id] = nil
+		}
+	}
+	interJail := slices.ContainsFunc(rs.jails, func(j jailRules) bool { return len(j.policy.src.InterJail) > 0 })
 	var extra []netip.Prefix
 	for _, id := range ids {
-		js := m.jails[id]
-		jr := jailRules{id: js.id, name: js.name, veth: js.veth, ip: js.ip, mode: js.mode, policy: js.pol(), limited: js.limited}
-		if js.mode == ModeBridge {
-			if extra == nil {
-				extra = m.extraProtected()
-			}
-			jr.direct = directSets(js.id, jr.policy, js.learned, extra, m.now())
-		}
-		rs.jails = append(rs.jails, jr)
+		want[id] = nil
 	}
-	return rs.apply()
+	for _, jr := range rs.jails {
+		if _, ok := want[jr.id]; ok {
+			if jr.mode == ModeBridge {
+				if extra == nil {
+					extra = m.extraProtected()
+				}
+				jr.direct = directSets(jr.id, jr.policy, m.jails[jr.id].learned, extra, m.now())
+			}
+			want[jr.id] = rs.objects(jr)
+			continue
+		}
+		old := m.installed[jr.id]
+		from := chainFromOf + jr.id
+		if old == nil || !interJail && len(old.chain(from)) == fromTail {
+			continue // no inter-jail rules now, nor any left in its chain
+		}
+		if f := rs.fromRules(jr); !reflect.DeepEqual(old.chain(from), f) {
+			want[jr.id] = old.withChain(from, f)
+		}
+	}
+	c, err := nftables.New(nftables.WithSockOptions(bigBuffers))
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	x := &tx{c: c, t: &nftables.Table{Name: m.table, Family: nftables.TableFamilyINet}}
+	for _, id := range slices.Sorted(maps.Keys(want)) {
+		if err := x.change(m.installed[id], want[id]); err != nil {
+			return err
+		}
+	}
+	if x.msgs == 0 {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: table %s: %w", m.table, err)
+	}
+	m.lastTx = x.msgs
+	for id, o := range want {
+		if o == nil {
+			delete(m.installed, id)
+		} else {
+			m.installed[id] = o
+		}
+	}
+	return nil
 }
 
 // jailByAddr returns the attached jail with address a.
