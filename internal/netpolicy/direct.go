@@ -219,8 +219,8 @@ func (m *Manager) learn(js *jailState, name string, addrs []netip.Addr) {
 	}
 }
 
-// schedulePrune makes sure the learned addresses are pruned (and the
-// table rebuilt without them) no later than a minute after at. m.mu is
+// schedulePrune makes sure the learned addresses are pruned (and taken
+// out of their sets) no later than a minute after at. m.mu is
 // held.
 func (m *Manager) schedulePrune(at time.Time) {
 	if !m.pruneAt.IsZero() && !m.pruneAt.After(at.Add(time.Minute)) {

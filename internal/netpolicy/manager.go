@@ -229,7 +229,7 @@ type Manager struct {
 	// lastTx is the number of messages of the last transaction on the
 	// table that syncLocked made.
 	lastTx int
-	// pruner rebuilds the table without expired learned addresses at
+	// pruner takes expired learned addresses out of the jails' sets at
 	// pruneAt (see direct.go).
 	pruner  *time.Timer
 	pruneAt time.Time

@@ -190,3 +190,35 @@ func diffObjects(a, b map[string]string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestAttachFailureLeavesTable: an attach whose transaction the kernel
+// refuses (here: an id too long for the names of its chains) fails with
+// the table as it was and its veth removed, and the next attach works.
+func TestAttachFailureLeavesTable(t *testing.T) {
+	e := setup(t)
+	p := basePolicy()
+	p.Allow = append(p.Allow, Rule{Destination: inetA.String(), Ports: []int{7}, Protocol: ProtoTCP})
+	j := attach(t, e.m, "kept", ModeBridge, p)
+	before := tableObjects(t, e.m)
+	_, path := addNetns(t, "ajtf")
+	id := strings.Repeat("x", 300)
+	if _, err := e.m.Attach(context.Background(), Jail{ID: id, Name: "long", NetnsPath: path, Mode: ModeBridge, Policy: basePolicy()}); err == nil {
+		t.Fatal("attach of a jail whose chains the kernel refuses succeeded")
+	}
+	if got := tableObjects(t, e.m); !maps.Equal(got, before) {
+		t.Errorf("a failed attach changed the table:\n%s", diffObjects(before, got))
+	}
+	if out := run(t, "ip", "-o", "link"); strings.Contains(out, vethName(testPrefix, id)) {
+		t.Errorf("a failed attach left its veth %s", vethName(testPrefix, id))
+	}
+	if got := j.connect(t, inetA.String(), 7); got != "connected ping" {
+		t.Errorf("allowed direct connection of the jail attached before, after a failed attach: %s", got)
+	}
+	if got := j.connect(t, inetB.String(), 7); got != "refused" {
+		t.Errorf("direct connection no rule allows, after a failed attach: %s, want refused", got)
+	}
+	next := attach(t, e.m, "next", ModeIsolated, basePolicy())
+	if len(owned(tableObjects(t, e.m), next)) == 0 {
+		t.Error("no objects of the jail attached after a failed attach")
+	}
+}
