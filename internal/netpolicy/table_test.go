@@ -66,8 +66,8 @@ func owned(objs map[string]string, js ...*testJail) map[string]string {
 	return out
 }
 
-// TestAttachLeavesOtherJailsAlone: attaching or detaching a jail changes
-// only its own objects in the table. Every chain, rule, set, counter and
+// TestAttachLeavesOtherJailsAlone: attaching, detaching or updating the
+// policy of a jail changes only its own objects in the table. Every chain, rule, set, counter and
 // map element of the jails attached before keeps its handle and content
 // (so their counters keep counting, their learned addresses stay), and
 // the transaction of an attach (and of a detach) has as many messages
@@ -144,6 +144,19 @@ func TestAttachLeavesOtherJailsAlone(t *testing.T) {
 	}
 	t.Logf("messages per attach %d, per detach %d (1 and 8 jails attached)", a1, d1)
 
+	// A policy update replaces that jail's objects only.
+	changed := bridge
+	changed.Block = []Rule{{Destination: inetB.String()}}
+	if err := e.m.Update(context.Background(), others[1].id, changed); err != nil {
+		t.Fatal(err)
+	}
+	if got := owned(tableObjects(t, e.m), others[2:]...); !maps.Equal(got, owned(before, others[2:]...)) {
+		t.Errorf("a policy update of one jail changed the objects of others:\n%s", diffObjects(owned(before, others[2:]...), got))
+	}
+	if maps.Equal(owned(tableObjects(t, e.m), others[1]), owned(before, others[1])) {
+		t.Error("a policy update left the jail's objects as they were")
+	}
+
 	// An inter-jail rule of the new jail that relates it to "db" changes
 	// db's chain of inter-jail rules, nothing else of db's or web's.
 	web := attach(t, e.m, "web", ModeIsolated, basePolicy())
@@ -158,11 +171,11 @@ func TestAttachLeavesOtherJailsAlone(t *testing.T) {
 			delete(before, k)
 		}
 	}
-	var changed []string
+	var named []string
 	for k, v := range got {
 		if strings.HasPrefix(k, "rule "+chainFromOf+db.id+" ") {
 			if strings.Contains(v, client.att.Interface) {
-				changed = append(changed, k)
+				named = append(named, k)
 			}
 			delete(got, k)
 		}
@@ -170,7 +183,7 @@ func TestAttachLeavesOtherJailsAlone(t *testing.T) {
 	if !maps.Equal(got, before) {
 		t.Errorf("attaching a jail an inter-jail rule relates to db changed more than db's inter-jail chain:\n%s", diffObjects(before, got))
 	}
-	if len(changed) == 0 {
+	if len(named) == 0 {
 		t.Error("db's chain of inter-jail rules does not name the new jail's interface")
 	}
 }
