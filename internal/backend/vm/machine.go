@@ -372,7 +372,29 @@ func (s *session) stream(ctx context.Context, kind byte) (net.Conn, error) {
 		c.Close()
 		return nil, fmt.Errorf("machine control channel: %w", err)
 	}
-	return c, nil
+	return streamConn{c}, nil
+}
+
+// streamConn is a stream of the control session that reports a passed
+// deadline as every other connection does (os.ErrDeadlineExceeded), which
+// its readers tell apart from a broken connection.
+type streamConn struct{ net.Conn }
+
+func (c streamConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	return n, deadlineErr(err)
+}
+
+func (c streamConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	return n, deadlineErr(err)
+}
+
+func deadlineErr(err error) error {
+	if errors.Is(err, yamux.ErrTimeout) {
+		return os.ErrDeadlineExceeded
+	}
+	return err
 }
 
 // request sends req on a new stream of kind and reads the guest's reply
