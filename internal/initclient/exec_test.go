@@ -365,6 +365,46 @@ func TestExecDisconnectKillsTree(t *testing.T) {
 	})
 }
 
+// TestExecDisconnectPendingStdinKillsTree: a client that sent more input
+// than a command reads, then went away, gets the command tree killed too
+// (its unread input is still queued on the connection).
+func TestExecDisconnectPendingStdinKillsTree(t *testing.T) {
+	e := newEnv(t)
+	conn, err := netDial(e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := initproto.WriteJSON(conn, initproto.MsgExec, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	// The tree never reads its input: this fills the pipe and the
+	// connection, until the connection closes.
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		chunk := make([]byte, initproto.ChunkSize)
+		for {
+			if err := initproto.WriteFrame(conn, initproto.MsgStdin, chunk); err != nil {
+				return
+			}
+		}
+	}()
+	var out strings.Builder
+	for len(strings.Fields(out.String())) < 4 {
+		typ, p, err := initproto.ReadFrame(conn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == initproto.MsgStdout {
+			out.Write(p)
+		}
+	}
+	pids := pidsOf(t, strings.Fields(out.String()))
+	conn.Close()
+	<-written
+	checkTreeGone(t, pids)
+}
+
 func TestSignalKillList(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()

@@ -673,12 +673,11 @@ func (ex *execution) writeStdin(p []byte) error {
 	return nil
 }
 
-// peerClosed reports whether the client closed its end: nothing is
-// buffered and the socket reads EOF (peeking, without consuming).
+// peerClosed reports whether the client closed its end of the
+// connection, even with input of its still unread (the poll's hang-up of
+// the reading side, which a client never causes otherwise: it ends its
+// input with a frame).
 func peerClosed(c *conn) bool {
-	if c.r.Buffered() > 0 {
-		return false
-	}
 	sc, ok := c.c.(syscall.Conn)
 	if !ok {
 		return false
@@ -689,9 +688,9 @@ func peerClosed(c *conn) bool {
 	}
 	closed := false
 	_ = rc.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		closed = n == 0 && err == nil
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		n, err := unix.Poll(fds, 0)
+		closed = err == nil && n > 0 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
 	})
 	return closed
 }
