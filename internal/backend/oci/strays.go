@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentjail/agentjail/internal/procstat"
 	"github.com/agentjail/agentjail/internal/storage"
 )
@@ -104,18 +106,68 @@ func (r *Runtime) WaitStrays(ctx context.Context, id, verb string) []int {
 }
 
 // KillStrays SIGKILLs the stray runtime processes acting on id, waits
-// (up to 10 s) until they are gone, and unmounts what they left mounted in
-// id's state directory (the root a killed restore had bound for CRIU).
+// (up to 10 s) until they have exited (their files closed, their mounts
+// let go), and unmounts what they left mounted in id's state directory
+// (the root a killed restore had bound for CRIU).
 func (r *Runtime) KillStrays(ctx context.Context, id string) error {
+	// Each stray is held by a pidfd from before the kill, so that the wait
+	// is for that process (not its pid, which another could take) and
+	// lasts until it has exited, not only until its command line is gone.
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	held := map[int]int{}
 	for _, pid := range r.Strays(id, "") {
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if errors.Is(err, unix.ESRCH) {
+			continue
+		}
+		if err != nil {
 			return fmt.Errorf("stray runtime process %d of %s: %w", pid, id, err)
 		}
+		fds = append(fds, fd)
+		held[pid] = fd
 	}
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if left := r.WaitStrays(wctx, id, ""); len(left) > 0 {
-		return fmt.Errorf("stray runtime processes of %s did not exit after SIGKILL: %v", id, left)
+	// Signalled are only the pids that are still strays now that they are
+	// held: a pid that changed hands meanwhile is not one.
+	var killed []unix.PollFd
+	for _, pid := range r.Strays(id, "") {
+		fd, ok := held[pid]
+		if !ok {
+			continue
+		}
+		if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("stray runtime process %d of %s: %w", pid, id, err)
+		}
+		killed = append(killed, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
+	if err := waitExited(ctx, killed, 10*time.Second); err != nil {
+		return fmt.Errorf("stray runtime processes of %s: %w", id, err)
 	}
 	return storage.UnmountAll(filepath.Join(r.rc.Root, id))
+}
+
+// waitExited waits until every process held by fds (pidfds, POLLIN) has
+// exited, at most timeout or until ctx ends.
+func waitExited(ctx context.Context, fds []unix.PollFd, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for len(fds) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return fmt.Errorf("%d did not exit %v after SIGKILL", len(fds), timeout)
+		}
+		// Short polls, so that ctx is seen.
+		_, err := unix.Poll(fds, int(min(wait, 100*time.Millisecond)/time.Millisecond)+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		fds = slices.DeleteFunc(fds, func(p unix.PollFd) bool { return p.Revents != 0 })
+	}
+	return nil
 }
