@@ -338,25 +338,8 @@ func (w failWriter) Write([]byte) (int, error) { return 0, w.err }
 
 func TestExecDisconnectKillsTree(t *testing.T) {
 	e := newEnv(t)
-	// Speak the protocol directly, then drop the connection.
-	conn, err := netDial(e.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := initproto.WriteJSON(conn, initproto.MsgExec, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, Stdin: true}); err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	for len(strings.Fields(out.String())) < 4 {
-		typ, p, err := initproto.ReadFrame(conn, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if typ == initproto.MsgStdout {
-			out.Write(p)
-		}
-	}
-	pids := pidsOf(t, strings.Fields(out.String()))
+	conn := execTreeRaw(t, e)
+	pids := treePids(t, conn)
 	conn.Close()
 	checkTreeGone(t, pids)
 	waitFor(t, 5*time.Second, "the process table to empty", func() bool {
@@ -370,13 +353,7 @@ func TestExecDisconnectKillsTree(t *testing.T) {
 // (its unread input is still queued on the connection).
 func TestExecDisconnectPendingStdinKillsTree(t *testing.T) {
 	e := newEnv(t)
-	conn, err := netDial(e.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := initproto.WriteJSON(conn, initproto.MsgExec, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, Stdin: true}); err != nil {
-		t.Fatal(err)
-	}
+	conn := execTreeRaw(t, e)
 	// The tree never reads its input: this fills the pipe and the
 	// connection, until the connection closes.
 	written := make(chan struct{})
@@ -389,6 +366,29 @@ func TestExecDisconnectPendingStdinKillsTree(t *testing.T) {
 			}
 		}
 	}()
+	pids := treePids(t, conn)
+	conn.Close()
+	<-written
+	checkTreeGone(t, pids)
+}
+
+// execTreeRaw starts treeScript, with stdin, speaking the protocol
+// directly on a connection of its own, which it returns.
+func execTreeRaw(t *testing.T, e *testEnv) net.Conn {
+	t.Helper()
+	conn, err := netDial(e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := initproto.WriteJSON(conn, initproto.MsgExec, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// treePids reads the pids treeScript prints on conn.
+func treePids(t *testing.T, conn net.Conn) []int {
+	t.Helper()
 	var out strings.Builder
 	for len(strings.Fields(out.String())) < 4 {
 		typ, p, err := initproto.ReadFrame(conn, nil)
@@ -399,10 +399,7 @@ func TestExecDisconnectPendingStdinKillsTree(t *testing.T) {
 			out.Write(p)
 		}
 	}
-	pids := pidsOf(t, strings.Fields(out.String()))
-	conn.Close()
-	<-written
-	checkTreeGone(t, pids)
+	return pidsOf(t, strings.Fields(out.String()))
 }
 
 func TestSignalKillList(t *testing.T) {
