@@ -113,13 +113,12 @@ func (r *Runtime) KillStrays(ctx context.Context, id string) error {
 	// Each stray is held by a pidfd from before the kill, so that the wait
 	// is for that process (not its pid, which another could take) and
 	// lasts until it has exited, not only until its command line is gone.
-	var fds []int
+	held := map[int]int{} // pid → pidfd
 	defer func() {
-		for _, fd := range fds {
+		for _, fd := range held {
 			unix.Close(fd)
 		}
 	}()
-	held := map[int]int{}
 	for _, pid := range r.Strays(id, "") {
 		fd, err := unix.PidfdOpen(pid, 0)
 		if errors.Is(err, unix.ESRCH) {
@@ -128,11 +127,21 @@ func (r *Runtime) KillStrays(ctx context.Context, id string) error {
 		if err != nil {
 			return fmt.Errorf("stray runtime process %d of %s: %w", pid, id, err)
 		}
-		fds = append(fds, fd)
 		held[pid] = fd
 	}
-	// Signalled are only the pids that are still strays now that they are
-	// held: a pid that changed hands meanwhile is not one.
+	if err := r.killHeld(ctx, id, held); err != nil {
+		return err
+	}
+	return storage.UnmountAll(filepath.Join(r.rc.Root, id))
+}
+
+// killHeld SIGKILLs the processes held (pid → pidfd) that are still strays
+// of id now that they are held (a pid that changed hands meanwhile is not
+// one), and waits until they have exited.
+func (r *Runtime) killHeld(ctx context.Context, id string, held map[int]int) error {
+	if len(held) == 0 {
+		return nil
+	}
 	var killed []unix.PollFd
 	for _, pid := range r.Strays(id, "") {
 		fd, ok := held[pid]
@@ -147,7 +156,7 @@ func (r *Runtime) KillStrays(ctx context.Context, id string) error {
 	if err := waitExited(ctx, killed, 10*time.Second); err != nil {
 		return fmt.Errorf("stray runtime processes of %s: %w", id, err)
 	}
-	return storage.UnmountAll(filepath.Join(r.rc.Root, id))
+	return nil
 }
 
 // waitExited waits until every process held by fds (pidfds, POLLIN) has
