@@ -204,6 +204,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n agentNode, p
 			g.error(w, http.StatusBadGateway, "unavailable", "node "+n.name+": its daemon does not answer: "+err.Error())
 		},
 	}
+	// The transport sends the request body on while the answer streams
+	// back: the server must not drain and close that body when the answer's
+	// head is written (HTTP/1 does unless told), or the transport's last
+	// read of it fails and tears down the connection to the node.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
 
