@@ -230,6 +230,50 @@ print(urllib.request.urlopen("https://allowed.test/py-path", timeout=8).status)`
 	}
 }
 
+// TestInspectedAnswerWhileRequestStreams: through TLS inspection, an
+// upstream that answers before the client's request body has ended (a
+// streamed model answer, a long upload with progress) is heard by the
+// client at once. The proxy's server must not take the request body over
+// to drain it when it writes the answer's head: that held the head back
+// until the body ended and, when the body had ended, could close it under
+// the transport's last read and cut the answer.
+func TestInspectedAnswerWhileRequestStreams(t *testing.T) {
+	e := setup(t)
+	p := basePolicy()
+	p.TLSInspection = true
+	j := attach(t, e.m, "duplex", ModeIsolated, p)
+	// A raw client: it sends the first chunk of its body, waits for the
+	// first part of the answer, and only then sends the rest.
+	out, code := j.exec(t, nil, python, "-c", `
+import socket, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[1])
+s = ctx.wrap_socket(socket.create_connection(("api.test", 443), timeout=8), server_hostname="api.test")
+s.sendall(b"POST /stream HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello\n\r\n")
+buf = b""
+try:
+    while b"got hello\n" not in buf:
+        d = s.recv(65536)
+        if not d:
+            sys.exit("the connection ended before the first part: %r" % buf)
+        buf += d
+except socket.timeout:
+    sys.exit("no answer while the request body was open: %r" % buf)
+s.sendall(b"4\r\nmore\r\n0\r\n\r\n")
+while b"then more" not in buf:
+    d = s.recv(65536)
+    if not d:
+        sys.exit("the connection ended before the rest: %r" % buf)
+    buf += d
+print("complete")
+`, e.caJF)
+	if code != 0 || strings.TrimSpace(out) != "complete" {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	e.rec.wait(t, j.id, "the streamed request", func(ev ConnEvent) bool {
+		return ev.Inspected && ev.Path == "/stream" && ev.Method == "POST" && ev.Status == 200
+	})
+}
+
 // count returns how many of the jail's records f accepts.
 func (r *recorder) count(id string, f func(ConnEvent) bool) int {
 	r.mu.Lock()

@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentjail/agentjail/internal/duplextest"
 	jailnetns "github.com/agentjail/agentjail/internal/netns"
 	"github.com/agentjail/agentjail/internal/testenv"
 )
@@ -235,6 +236,8 @@ func newInternet(t testing.TB, ca *testCA) *internet {
 			}
 		case "/echo":
 			io.Copy(w, r.Body)
+		case "/stream": // answers the first line at once, the rest at its end
+			duplextest.Handler().ServeHTTP(w, r)
 		case "/hold":
 			in.holding <- struct{}{}
 			<-in.hold

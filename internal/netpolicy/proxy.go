@@ -652,6 +652,11 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		m.serveConnect(w, r, ci)
 		return
 	}
+	// The request body goes on to the upstream while its answer streams
+	// back: the server must not drain and close that body when the answer's
+	// head is written (HTTP/1 does unless told), or the head waits for the
+	// body's end and the transport's last read of the body can fail.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	start := time.Now()
 	scheme, via := "http", ci.via
 	var host string

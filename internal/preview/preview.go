@@ -264,6 +264,10 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, j *model.Jail, t
 			page(w, http.StatusBadGateway, "Bad gateway", msg)
 		},
 	}
+	// A dev server may answer (an upload's progress, a stream) before the
+	// request body has ended: the server must not drain and close that body
+	// when the answer's head is written (HTTP/1 does unless told).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
 

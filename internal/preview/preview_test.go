@@ -3,6 +3,8 @@ package preview
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/agentjail/agentjail/internal/duplextest"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 	"github.com/agentjail/agentjail/internal/netns"
@@ -156,4 +159,31 @@ func TestMDNS(t *testing.T) {
 	if rr := ask("nope.sandbox.local."); len(rr) != 0 {
 		t.Errorf("an unknown jail was answered: %v", rr)
 	}
+}
+
+// TestProxyIsFullDuplex: a dev server that answers as soon as it has read
+// the start of a request body is heard through the preview while the body
+// is still open, and its answer is not cut when that body ends.
+func TestProxyIsFullDuplex(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Need(t, "root (entering a network namespace)")
+	}
+	dev := httptest.NewServer(duplextest.Handler())
+	defer dev.Close()
+	_, port, err := net.SplitHostPort(dev.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The jail's network namespace is this process's: its loopback is
+	// where the dev server listens.
+	h, err := New(fakeJails{"web": {ID: "abc123", Name: "web", Status: model.StateRunning, Pid: os.Getpid()}}, "tok", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	defer front.Close()
+	duplextest.Check(t, front.URL+"/upload", func(r *http.Request) {
+		r.Host = port + "-web.localhost"
+		r.Header.Set("Authorization", "Bearer tok")
+	})
 }
