@@ -20,6 +20,7 @@ import (
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/testenv"
+	"github.com/agentjail/agentjail/internal/treetest"
 )
 
 // run execs a command and returns stdout, stderr and the status.
@@ -244,33 +245,11 @@ func TestExecBadRequests(t *testing.T) {
 	}
 }
 
-// treeScript starts a tree that escapes in every usual way: a setsid()
-// child, a double-forked orphan and a plain background child; each prints
-// its pid, then the command itself prints its pid and waits.
-const treeScript = `setsid sh -c 'echo $$; exec sleep 1000' &
-(sh -c 'echo $$; exec sleep 1000' &) 
-sleep 1000 & echo $!
-echo $$
-wait`
-
-// checkTreeGone asserts that every pid is gone (dead and reaped).
-func checkTreeGone(t *testing.T, pids []int) {
-	t.Helper()
-	waitFor(t, 5*time.Second, "the command tree to be reaped", func() bool {
-		for _, p := range pids {
-			if alive(p) {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 func TestExecTimeoutKillsTree(t *testing.T) {
 	e := newEnv(t)
 	lw := newLineWriter()
 	start := time.Now()
-	st, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, TimeoutMs: 1500}, nil, lw, nil)
+	st, err := e.c.Exec(context.Background(), initproto.ExecRequest{Argv: []string{"sh", "-c", treetest.Script}, TimeoutMs: 1500}, nil, lw, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,13 +259,13 @@ func TestExecTimeoutKillsTree(t *testing.T) {
 	if d := time.Since(start); d < 1500*time.Millisecond || d > 10*time.Second {
 		t.Fatalf("timed out after %v", d)
 	}
-	pids := pidsOf(t, strings.Fields(lw.String()))
+	pids := treetest.ParsePids(t, strings.Fields(lw.String()))
 	if len(pids) != 4 {
 		t.Fatalf("want 4 pids, got %v", pids)
 	}
 	// Exec returns only after the shim reaped the whole tree.
 	for _, p := range pids {
-		if alive(p) {
+		if treetest.Alive(p) {
 			t.Errorf("pid %d survived the timeout", p)
 		}
 	}
@@ -303,12 +282,12 @@ func TestExecCancelKillsTree(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}}, nil, lw, nil)
+		st, err := e.c.Exec(ctx, initproto.ExecRequest{Argv: []string{"sh", "-c", treetest.Script}}, nil, lw, nil)
 		done <- result{st, err}
 	}()
-	pids := pidsOf(t, waitLines(t, lw, 4, 10*time.Second))
+	pids := treetest.ParsePids(t, waitLines(t, lw, 4, 10*time.Second))
 	for _, p := range pids {
-		if !alive(p) {
+		if !treetest.Alive(p) {
 			t.Fatalf("pid %d is not running", p)
 		}
 	}
@@ -320,7 +299,7 @@ func TestExecCancelKillsTree(t *testing.T) {
 	if r.st.Signal != "SIGKILL" {
 		t.Fatalf("status %+v", r.st)
 	}
-	checkTreeGone(t, pids)
+	treetest.Gone(t, pids)
 }
 
 func TestExecWriterErrorKills(t *testing.T) {
@@ -339,9 +318,9 @@ func (w failWriter) Write([]byte) (int, error) { return 0, w.err }
 func TestExecDisconnectKillsTree(t *testing.T) {
 	e := newEnv(t)
 	conn := execTreeRaw(t, e)
-	pids := treePids(t, conn)
+	pids := treetest.Pids(t, conn)
 	conn.Close()
-	checkTreeGone(t, pids)
+	treetest.Gone(t, pids)
 	waitFor(t, 5*time.Second, "the process table to empty", func() bool {
 		l, err := e.c.List(context.Background())
 		return err == nil && len(l) == 0
@@ -356,23 +335,14 @@ func TestExecDisconnectPendingStdinKillsTree(t *testing.T) {
 	conn := execTreeRaw(t, e)
 	// The tree never reads its input: this fills the pipe and the
 	// connection, until the connection closes.
-	written := make(chan struct{})
-	go func() {
-		defer close(written)
-		chunk := make([]byte, initproto.ChunkSize)
-		for {
-			if err := initproto.WriteFrame(conn, initproto.MsgStdin, chunk); err != nil {
-				return
-			}
-		}
-	}()
-	pids := treePids(t, conn)
+	flood := treetest.NewFlood(conn)
+	pids := treetest.Pids(t, conn)
 	conn.Close()
-	<-written
-	checkTreeGone(t, pids)
+	<-flood.Done()
+	treetest.Gone(t, pids)
 }
 
-// execTreeRaw starts treeScript, with stdin, speaking the protocol
+// execTreeRaw starts treetest.Script, with stdin, speaking the protocol
 // directly on a connection of its own, which it returns.
 func execTreeRaw(t *testing.T, e *testEnv) net.Conn {
 	t.Helper()
@@ -380,26 +350,8 @@ func execTreeRaw(t *testing.T, e *testEnv) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := initproto.WriteJSON(conn, initproto.MsgExec, initproto.ExecRequest{Argv: []string{"sh", "-c", treeScript}, Stdin: true}); err != nil {
-		t.Fatal(err)
-	}
+	treetest.Start(t, conn)
 	return conn
-}
-
-// treePids reads the pids treeScript prints on conn.
-func treePids(t *testing.T, conn net.Conn) []int {
-	t.Helper()
-	var out strings.Builder
-	for len(strings.Fields(out.String())) < 4 {
-		typ, p, err := initproto.ReadFrame(conn, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if typ == initproto.MsgStdout {
-			out.Write(p)
-		}
-	}
-	return pidsOf(t, strings.Fields(out.String()))
 }
 
 func TestSignalKillList(t *testing.T) {
@@ -457,8 +409,8 @@ func TestExecLeftoversLinger(t *testing.T) {
 	if st.Code != 0 {
 		t.Fatalf("%+v", st)
 	}
-	pid := pidsOf(t, strings.Fields(out))[0]
-	if !alive(pid) {
+	pid := treetest.ParsePids(t, strings.Fields(out))[0]
+	if !treetest.Alive(pid) {
 		t.Fatalf("background pid %d died with its command", pid)
 	}
 	// Other commands still run (on another shim).
@@ -470,7 +422,7 @@ func TestExecLeftoversLinger(t *testing.T) {
 	if err := e.srv.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	checkTreeGone(t, []int{pid})
+	treetest.Gone(t, []int{pid})
 }
 
 func TestUnavailableAndLongSocketPath(t *testing.T) {
@@ -530,7 +482,7 @@ func TestIdleShimsDrainAndFill(t *testing.T) {
 	}
 	// The answer comes once they have exited.
 	for _, pid := range before {
-		if alive(pid) {
+		if treetest.Alive(pid) {
 			t.Fatalf("idle shim %d still exists after the pool was emptied", pid)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -208,26 +207,6 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// alive reports whether pid exists (a zombie counts as existing).
-func alive(pid int) bool {
-	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
-	return err == nil
-}
-
-// pidsOf parses one pid per line.
-func pidsOf(t testing.TB, lines []string) []int {
-	t.Helper()
-	var pids []int
-	for _, l := range lines {
-		p, err := strconv.Atoi(strings.TrimSpace(l))
-		if err != nil {
-			t.Fatalf("not a pid: %q", l)
-		}
-		pids = append(pids, p)
-	}
-	return pids
 }
 
 // netDial connects to a unix socket.

@@ -673,11 +673,23 @@ func (ex *execution) writeStdin(p []byte) error {
 	return nil
 }
 
+// HangUpReporter is a connection that tells of its peer's hang-up itself,
+// where a poll of a descriptor cannot: a stream of a multiplexed session,
+// as the vm level serves init's clients.
+type HangUpReporter interface {
+	// PeerClosed reports, without blocking, whether the peer is gone for
+	// good, even with input of its still unread.
+	PeerClosed() bool
+}
+
 // peerClosed reports whether the client closed its end of the
 // connection, even with input of its still unread (the poll's hang-up of
 // the reading side, which a client never causes otherwise: it ends its
 // input with a frame).
 func peerClosed(c *conn) bool {
+	if h, ok := c.c.(HangUpReporter); ok {
+		return h.PeerClosed()
+	}
 	sc, ok := c.c.(syscall.Conn)
 	if !ok {
 		return false

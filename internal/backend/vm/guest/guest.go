@@ -377,6 +377,16 @@ func (st *g) session(in *io.PipeReader, out *sessionOut) {
 	}
 }
 
+// initStream is a control stream served by init. Its session ends when
+// the daemon hangs up (or parks the guest), which init must see even
+// with input of the daemon's still queued on the stream.
+type initStream struct{ *yamux.Stream }
+
+var _ initd.HangUpReporter = initStream{}
+
+// PeerClosed reports whether the stream's session has ended.
+func (s initStream) PeerClosed() bool { return s.Session().IsClosed() }
+
 // stream dispatches one stream of out's session by its first byte.
 func (st *g) stream(c net.Conn, out *sessionOut) {
 	var kind [1]byte
@@ -390,7 +400,7 @@ func (st *g) stream(c net.Conn, out *sessionOut) {
 	case vmproto.KindInit:
 		select {
 		case <-st.booted:
-			st.initConns.put(c)
+			st.initConns.put(initStream{c.(*yamux.Stream)})
 		default:
 			c.Close()
 		}

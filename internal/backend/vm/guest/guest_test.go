@@ -2,11 +2,13 @@ package guest
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,7 +16,20 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/backend/vm/vmproto"
+	"github.com/agentjail/agentjail/internal/initd"
+	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/testenv"
+	"github.com/agentjail/agentjail/internal/treetest"
 )
+
+// TestMain lets the test binary serve as init's shim: init re-runs
+// /proc/self/exe with "init --shim".
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "init" {
+		os.Exit(initd.Main(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
 
 // TestParkKeepsSessionsApart parks a control session while the guest
 // streams process events on it, then wakes a new session on the same
@@ -23,21 +38,7 @@ import (
 // once, across the two sessions, and the new session must work: nothing
 // of the parked session may reach the port after its answer to the park.
 func TestParkKeepsSessionsApart(t *testing.T) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := os.NewFile(uintptr(fds[0]), "port")
-	hostFile := os.NewFile(uintptr(fds[1]), "host")
-	host, err := net.FileConn(hostFile)
-	hostFile.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
-	st := &g{port: port, initConns: newChanListener(), booted: make(chan struct{}), initDone: make(chan error, 1), events: newEvents()}
-	go st.servePort()
-	defer port.Close()
+	st, host := newGuest(t)
 
 	// The jail's processes: a steady flow of events, numbered by pid.
 	const total = 20000
@@ -114,6 +115,84 @@ func TestParkKeepsSessionsApart(t *testing.T) {
 		}
 	}
 	t.Logf("%d events before the park, %d after", parked, total-parked)
+}
+
+// TestHangUpKillsCommandWithPendingInput: the daemon runs a command
+// that never reads its input and sends it more input than the pipe and
+// the stream hold; then the daemon is gone (killed: the port reads
+// end-of-file). Init must end the command's whole tree, though input of
+// the daemon's is still queued on the stream, where no poll shows the
+// hang-up behind it.
+func TestHangUpKillsCommandWithPendingInput(t *testing.T) {
+	testenv.RequireRoot(t)
+	st, host := newGuest(t)
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := initd.NewServer(initd.Options{
+		Config: initproto.InitConfig{JailID: "test", DefaultUser: "root", Workspace: root, Env: []string{"PATH=/usr/bin:/bin"}},
+		Root:   root,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(st.initConns) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	close(st.booted)
+
+	sess := wakeSession(t, host)
+	defer sess.Close()
+	conn := openStream(t, sess, vmproto.KindInit)
+	treetest.Start(t, conn)
+	flood := treetest.NewFlood(conn)
+	pids := treetest.Pids(t, conn)
+	// Once more than the pipe holds was sent, init's reader of the stream
+	// is stuck writing to the pipe, and what follows waits on the stream.
+	const pipeSize = 64 << 10
+	for deadline := time.Now().Add(10 * time.Second); flood.Written() < 4*pipeSize; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d bytes of input were taken in 10s", flood.Written())
+		}
+	}
+	host.Close()
+	treetest.Gone(t, pids)
+	<-flood.Done()
+}
+
+// newGuest serves a guest's control port, one end of a socket pair; the
+// other end, returned, is the daemon's.
+func newGuest(t *testing.T) (*g, net.Conn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := os.NewFile(uintptr(fds[0]), "port")
+	hostFile := os.NewFile(uintptr(fds[1]), "host")
+	host, err := net.FileConn(hostFile)
+	hostFile.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Close() })
+	st := &g{port: port, initConns: newChanListener(), booted: make(chan struct{}), initDone: make(chan error, 1), events: newEvents()}
+	go st.servePort()
+	t.Cleanup(func() { port.Close() })
+	return st, host
 }
 
 // detached interrupts a session's reads when it closes, without closing
