@@ -230,24 +230,27 @@ print(urllib.request.urlopen("https://allowed.test/py-path", timeout=8).status)`
 	}
 }
 
-// TestInspectedAnswerWhileRequestStreams: through TLS inspection, an
-// upstream that answers before the client's request body has ended (a
-// streamed model answer, a long upload with progress) is heard by the
-// client at once. The proxy's server must not take the request body over
-// to drain it when it writes the answer's head: that held the head back
-// until the body ended and, when the body had ended, could close it under
-// the transport's last read and cut the answer.
-func TestInspectedAnswerWhileRequestStreams(t *testing.T) {
+// TestAnswerWhileRequestStreams: through the egress proxy, plain and
+// with TLS inspection, an upstream that answers before the request body
+// has ended (a streamed model answer, a long upload with progress) is
+// heard by the client at once, and the whole body is counted. The proxy
+// must not hold the answer until the request ends: its server must not
+// take the body over to drain it when it writes the answer's head (that
+// held the head back and, when the body had ended, could close it under
+// the transport's last read and cut the answer), and the plain path must
+// read the answer while it writes the request.
+func TestAnswerWhileRequestStreams(t *testing.T) {
 	e := setup(t)
 	p := basePolicy()
 	p.TLSInspection = true
 	j := attach(t, e.m, "duplex", ModeIsolated, p)
 	// A raw client: it sends the first chunk of its body, waits for the
 	// first part of the answer, and only then sends the rest.
-	out, code := j.exec(t, nil, python, "-c", `
+	const client = `
 import socket, ssl, sys
-ctx = ssl.create_default_context(cafile=sys.argv[1])
-s = ctx.wrap_socket(socket.create_connection(("api.test", 443), timeout=8), server_hostname="api.test")
+s = socket.create_connection(("api.test", int(sys.argv[1])), timeout=8)
+if sys.argv[1] == "443":
+    s = ssl.create_default_context(cafile=sys.argv[2]).wrap_socket(s, server_hostname="api.test")
 s.sendall(b"POST /stream HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello\n\r\n")
 buf = b""
 try:
@@ -265,13 +268,22 @@ while b"then more" not in buf:
         sys.exit("the connection ended before the rest: %r" % buf)
     buf += d
 print("complete")
-`, e.caJF)
-	if code != 0 || strings.TrimSpace(out) != "complete" {
-		t.Fatalf("exit %d: %s", code, out)
+`
+	for _, tc := range []struct {
+		port      string
+		inspected bool
+	}{{"80", false}, {"443", true}} {
+		out, code := j.exec(t, nil, python, "-c", client, tc.port, e.caJF)
+		if code != 0 || strings.TrimSpace(out) != "complete" {
+			t.Fatalf("port %s: exit %d: %s", tc.port, code, out)
+		}
+		ev := e.rec.wait(t, j.id, "the streamed request to port "+tc.port, func(ev ConnEvent) bool {
+			return ev.Inspected == tc.inspected && ev.Path == "/stream" && ev.Method == "POST" && ev.Status == 200
+		})
+		if ev.BytesOut != int64(len("hello\nmore")) {
+			t.Errorf("port %s: %d request body bytes counted, want %d", tc.port, ev.BytesOut, len("hello\nmore"))
+		}
 	}
-	e.rec.wait(t, j.id, "the streamed request", func(ev ConnEvent) bool {
-		return ev.Inspected && ev.Path == "/stream" && ev.Method == "POST" && ev.Status == 200
-	})
 }
 
 // count returns how many of the jail's records f accepts.

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,6 +43,12 @@ type plainConn struct {
 	// stop ends the watch that aborts the connection when the request's
 	// context ends; it reports false when the abort already happened.
 	stop func() bool
+	// sent, for a request with a body, reports the end of its writing,
+	// which goes on while the answer is read; nil for one without.
+	sent chan error
+	// bodyErr is the request body's read error, which ends the wait for
+	// an answer that will not come.
+	bodyErr atomic.Pointer[error]
 }
 
 // alive reports whether an idle connection can carry another request:
@@ -62,18 +69,29 @@ func (pc *plainConn) alive() bool {
 
 // exchange writes req and reads the response head, skipping interim
 // (1xx) responses. The connection is aborted if ctx ends before release.
+// A request body is written while the answer is read (full duplex): an
+// upstream may answer before the request ends (a stream, an upload's
+// progress, an early refusal), and its answer must not wait for that end.
 func (pc *plainConn) exchange(ctx context.Context, req *http.Request) (*http.Response, error) {
 	pc.stop = context.AfterFunc(ctx, func() { pc.tc.SetDeadline(time.Unix(1, 0)) })
 	pc.tc.SetReadDeadline(time.Now().Add(plainHeaderTimeout))
-	if err := req.Write(pc.bw); err != nil {
-		return nil, err
-	}
-	if err := pc.bw.Flush(); err != nil {
-		return nil, err
+	pc.sent = nil
+	if req.Body == nil || req.Body == http.NoBody {
+		if err := pc.write(req); err != nil {
+			return nil, err
+		}
+	} else {
+		req.Body = &upBody{ReadCloser: req.Body, pc: pc}
+		sent := make(chan error, 1)
+		pc.sent = sent
+		go func() { sent <- pc.write(req) }()
 	}
 	for {
 		resp, err := http.ReadResponse(pc.br, req)
 		if err != nil {
+			if berr := pc.bodyErr.Load(); berr != nil {
+				err = fmt.Errorf("read the request body: %w", *berr)
+			}
 			return nil, err
 		}
 		if resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -82,6 +100,45 @@ func (pc *plainConn) exchange(ctx context.Context, req *http.Request) (*http.Res
 		pc.tc.SetReadDeadline(time.Time{})
 		return resp, nil
 	}
+}
+
+// write sends req whole.
+func (pc *plainConn) write(req *http.Request) error {
+	if err := req.Write(pc.bw); err != nil {
+		return err
+	}
+	return pc.bw.Flush()
+}
+
+// requestSent reports whether the request was written whole. One still
+// being written when its answer has ended leaves the connection unfit
+// for another.
+func (pc *plainConn) requestSent() bool {
+	if pc.sent == nil {
+		return true
+	}
+	select {
+	case err := <-pc.sent:
+		return err == nil
+	default:
+		return false
+	}
+}
+
+// upBody is a request body on its way to a plain upstream. When it fails
+// to read, the exchange stops waiting for the answer.
+type upBody struct {
+	io.ReadCloser
+	pc *plainConn
+}
+
+func (b *upBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		b.pc.bodyErr.CompareAndSwap(nil, &err)
+		b.pc.tc.SetReadDeadline(time.Unix(1, 0))
+	}
+	return n, err
 }
 
 // plainPool keeps a jail's idle upstream connections for plain HTTP, per
@@ -207,7 +264,7 @@ func replayable(req *http.Request, err error) bool {
 // response was read to the end and the exchange allows another; it
 // closes pc otherwise.
 func (js *jailState) releasePlain(pc *plainConn, complete bool) {
-	if !pc.stop() || !complete || pc.br.Buffered() > 0 {
+	if !pc.stop() || !complete || pc.br.Buffered() > 0 || !pc.requestSent() {
 		pc.tc.Close()
 		return
 	}

@@ -771,10 +771,16 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		resp, err = js.up.transport.RoundTrip(out)
 	}
-	if body != nil {
-		ev.BytesOut = body.n.Load()
+	// The request body may still be on its way while the answer comes:
+	// what it sent is counted once the exchange is over.
+	sent := func() int64 {
+		if body == nil {
+			return 0
+		}
+		return body.n.Load()
 	}
 	if err != nil {
+		ev.BytesOut = sent()
 		verdict, status := VerdictError, http.StatusBadGateway
 		if errors.Is(err, errdefs.ErrForbidden) {
 			verdict, status = VerdictBlock, http.StatusForbidden
@@ -787,7 +793,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if upgrade && resp.StatusCode == http.StatusSwitchingProtocols {
 		ev.Status = resp.StatusCode
 		in, out, err := m.relayUpgrade(w, resp, pc)
-		ev.BytesOut += out
+		ev.BytesOut = sent() + out
 		ev.BytesIn = in
 		m.spend(js, ev.BytesOut+ev.BytesIn)
 		finish(VerdictAllow, d.Rule, err)
@@ -814,7 +820,7 @@ func (m *Manager) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		n, cerr = copyBody(w, resp.Body)
 		resp.Body.Close()
 	}
-	ev.BytesIn = n
+	ev.BytesIn, ev.BytesOut = n, sent()
 	m.spend(js, ev.BytesOut+ev.BytesIn)
 	finish(VerdictAllow, d.Rule, cerr)
 }
