@@ -282,15 +282,15 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	}
 	defer agents.Close()
 	svc := daemon{Manager: mgr, agents: agents}
-	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog})
-	if err != nil {
-		return err
-	}
-	defer e2bSvc.Close()
 	previews, err := preview.New(mgr, token, absData)
 	if err != nil {
 		return err
 	}
+	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog, Ports: previews})
+	if err != nil {
+		return err
+	}
+	defer e2bSvc.Close()
 	if do.mdns {
 		var o preview.MDNSOptions
 		if do.mdnsIface != "" {

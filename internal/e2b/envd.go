@@ -64,7 +64,7 @@ func (s *Service) envdHandler() http.Handler {
 			return
 		}
 		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" && p != envdPort {
-			writeAPIError(w, http.StatusNotImplemented, "agentjail does not forward sandbox ports (E2b-Sandbox-Port "+p+"); only the sandbox plane on port "+envdPort+" is served")
+			s.forwardPort(w, r, sb, p)
 			return
 		}
 		files := r.URL.Path == "/files"
@@ -75,6 +75,35 @@ func (s *Service) envdHandler() http.Handler {
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, sb)))
 	})
+}
+
+// forwardPort serves a request for port p of sandbox sb (what E2B's edge
+// does for E2b-Sandbox-Port): it needs the sandbox's access token, which,
+// like the routing headers, does not reach the jail.
+func (s *Service) forwardPort(w http.ResponseWriter, r *http.Request, sb *sandbox, p string) {
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 {
+		writeAPIError(w, http.StatusBadRequest, "E2b-Sandbox-Port: "+strconv.Quote(p)+" is not a port (1-65535)")
+		return
+	}
+	if s.opts.Ports == nil {
+		writeAPIError(w, http.StatusNotImplemented, "this daemon does not forward sandbox ports (E2b-Sandbox-Port "+p+")")
+		return
+	}
+	if !tokenOK(r.Header.Get("X-Access-Token"), sb) {
+		writeAPIError(w, http.StatusUnauthorized, "missing or invalid X-Access-Token for sandbox "+sb.snapshot().ID)
+		return
+	}
+	j, err := s.jails.Get(r.Context(), sb.snapshot().JailID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := r.Clone(r.Context())
+	for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "E2b-Traffic-Access-Token"} {
+		out.Header.Del(h)
+	}
+	s.opts.Ports.Forward(w, out, j, port)
 }
 
 func tokenOK(tok string, sb *sandbox) bool {

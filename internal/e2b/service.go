@@ -11,7 +11,9 @@
 //   - the sandbox plane (E2B_SANDBOX_URL = http://HOST/e2b/envd): the
 //     connect-go services process.Process and filesystem.Filesystem,
 //     /files, /health and /metrics, routed by the E2b-Sandbox-Id header
-//     and authenticated by the sandbox's access token.
+//     and authenticated by the sandbox's access token; a request whose
+//     E2b-Sandbox-Port names another port goes to that port of the
+//     sandbox (Options.Ports).
 //
 // A sandbox is a jail: every operation goes through the jail manager's
 // public operations (exec, terminal and file operations of the jail's
@@ -87,6 +89,17 @@ type Options struct {
 	Log *slog.Logger
 	// Audit records the control plane's state changes (nil: none).
 	Audit *audit.Log
+	// Ports serves requests for a sandbox's own ports (E2b-Sandbox-Port
+	// other than envd's); nil answers them 501.
+	Ports Ports
+}
+
+// Ports forwards requests to ports of jails.
+type Ports interface {
+	// Forward serves r from port of jail j, HTTP and WebSocket alike,
+	// answering an error page when the jail is not running or nothing
+	// answers on the port. r's credentials have been checked and removed.
+	Forward(w http.ResponseWriter, r *http.Request, j *model.Jail, port int)
 }
 
 // Service serves the E2B-compatible API over a jail manager.

@@ -224,11 +224,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"This preview needs the daemon's API token (Authorization: Bearer, or ?"+TokenParam+"= once) or a signed preview link (agentjail preview JAIL PORT).")
 		return
 	}
-	if j.Status != model.StateRunning || j.Pid == 0 {
-		page(w, http.StatusConflict, "Jail not running", fmt.Sprintf("Jail %s is %s.", j.Name, j.Status))
-		return
-	}
-	h.proxy(w, r, j, t)
+	h.Forward(w, r, j, t.Port)
 }
 
 func (h *Handler) bearer(r *http.Request) bool {
@@ -239,6 +235,18 @@ func (h *Handler) bearer(r *http.Request) bool {
 func (h *Handler) cookie(r *http.Request, jailID string, port int) bool {
 	c, err := r.Cookie(CookieName)
 	return err == nil && h.verify(jailID, port, c.Value)
+}
+
+// Forward serves r from port of jail j as a preview does (HTTP and
+// WebSocket; a page saying so when the jail is not running or nothing
+// answers on the port), for a caller that has checked the request's
+// credentials itself and removed them from r.
+func (h *Handler) Forward(w http.ResponseWriter, r *http.Request, j *model.Jail, port int) {
+	if j.Status != model.StateRunning || j.Pid == 0 {
+		page(w, http.StatusConflict, "Jail not running", fmt.Sprintf("Jail %s is %s.", j.Name, j.Status))
+		return
+	}
+	h.proxy(w, r, j, Target{Port: port, Jail: j.Name})
 }
 
 // proxy forwards r to the jail's port.

@@ -302,26 +302,125 @@ func TestE2BPolledWatcherAndStreamInput(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// startDetached starts a command in sandbox sb and leaves it running
+// without a stream (a command outlives the stream that started it); it
+// returns the command's pid.
+func startDetached(t *testing.T, d *daemon, sb e2bSandbox, req *process.StartRequest) uint32 {
+	t.Helper()
+	proc, _ := envdClient(d, sb, sb.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := proc.Start(ctx, connect.NewRequest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("no start event: %v", st.Err())
+	}
+	return st.Msg().GetEvent().GetStart().GetPid()
+}
+
+// portEcho is a server for a sandbox's port 8000: it answers every
+// request with its path, headers and body, as JSON.
+const portEcho = `
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self): self.answer(b"")
+    def do_POST(self): self.answer(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+    def answer(self, body):
+        out = json.dumps({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body.decode()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
+`
+
+// TestE2BSandboxPorts: a request on the sandbox plane that names another
+// port (E2b-Sandbox-Port, as E2B's edge routes it and the code
+// interpreter's SDK sends it) reaches that port in the sandbox, a server
+// bound to the sandbox's loopback included; it needs the sandbox's access
+// token, and neither that token, the daemon's nor the routing headers
+// reach the sandbox. Bad ports and ports where nothing listens get a
+// precise error.
+func TestE2BSandboxPorts(t *testing.T) {
+	d := shared(t)
+	key := e2bKey(t, d)
+	sb := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 120})
+	// The server outlives the stream that started it, as any command.
+	startDetached(t, d, sb, &process.StartRequest{Process: &process.ProcessConfig{Cmd: "python3", Args: []string{"-c", portEcho}}})
+
+	forward := func(method, path string, in any, port, token string) *response {
+		t.Helper()
+		hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", port}
+		if token != "" {
+			hdr = append(hdr, "X-Access-Token", token)
+		}
+		r, err := d.api.send(method, "/e2b/envd"+path, in, hdr...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	type echo struct {
+		Path    string            `json:"path"`
+		Headers map[string]string `json:"headers"`
+		Body    string            `json:"body"`
+	}
+	var got echo
+	if err := waitFor(20*time.Second, func() error {
+		r := forward("GET", "/hello?x=1", nil, "8000", sb.EnvdAccessToken)
+		if r.status != http.StatusOK {
+			return fmt.Errorf("GET through port 8000: %s", r)
+		}
+		return json.Unmarshal(r.body, &got)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got.Path != "/hello?x=1" {
+		t.Errorf("the server saw path %q, want /hello?x=1", got.Path)
+	}
+	for _, h := range []string{"x-access-token", "authorization", "e2b-sandbox-id", "e2b-sandbox-port"} {
+		if v, ok := got.Headers[h]; ok {
+			t.Errorf("header %s reached the sandbox: %q", h, v)
+		}
+	}
+	r := forward("POST", "/upload", map[string]string{"a": "b"}, "8000", sb.EnvdAccessToken)
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &got) != nil || got.Body != `{"a":"b"}` {
+		t.Fatalf("POST through port 8000: %s", r)
+	}
+
+	for _, tc := range []struct {
+		what, port, token string
+		status            int
+	}{
+		{"no token", "8000", "", http.StatusUnauthorized},
+		{"a wrong token", "8000", "wrong", http.StatusUnauthorized},
+		{"a port nothing listens on", "8001", sb.EnvdAccessToken, http.StatusBadGateway},
+		{"port 0", "0", sb.EnvdAccessToken, http.StatusBadRequest},
+		{"a port above 65535", "70000", sb.EnvdAccessToken, http.StatusBadRequest},
+		{"not a number", "http", sb.EnvdAccessToken, http.StatusBadRequest},
+	} {
+		if r := forward("GET", "/", nil, tc.port, tc.token); r.status != tc.status {
+			t.Errorf("%s: %s, want %d", tc.what, r, tc.status)
+		}
+	}
+}
+
 // TestE2BSurvivesRestart: a sandbox, its token, its detached command and
 // its timeout outlive a daemon restart; the key still works.
 func TestE2BSurvivesRestart(t *testing.T) {
 	d := newDaemon(t)
 	key := e2bKey(t, d)
 	sb := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 120})
-	proc, _ := envdClient(d, sb, sb.EnvdAccessToken)
+	pid := startDetached(t, d, sb, &process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/sleep", Args: []string{"600"}}, Tag: ptr("sleeper"),
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := proc.Start(ctx, connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/sleep", Args: []string{"600"}}, Tag: ptr("sleeper"),
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.Receive() {
-		t.Fatalf("start: %v", st.Err())
-	}
-	pid := st.Msg().GetEvent().GetStart().GetPid()
-	st.Close() // detached: the command keeps running
 	if err := d.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +430,7 @@ func TestE2BSurvivesRestart(t *testing.T) {
 	if s := e2bState(t, d, key, sb.SandboxID); s != "running" {
 		t.Fatalf("after the restart the sandbox is %q", s)
 	}
-	proc, _ = envdClient(d, sb, sb.EnvdAccessToken)
+	proc, _ := envdClient(d, sb, sb.EnvdAccessToken)
 	list, err := proc.List(ctx, connect.NewRequest(&process.ListRequest{}))
 	if err != nil {
 		t.Fatal(err)
