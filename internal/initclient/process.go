@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
@@ -182,16 +183,27 @@ func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*Watch
 	if err := checkPath("path", path); err != nil {
 		return nil, err
 	}
+	cn, err := c.openStream(ctx, "watch", initproto.MsgWatch, initproto.WatchRequest{Path: path, Recursive: recursive})
+	if err != nil {
+		return nil, err
+	}
+	return &Watch{cn: cn}, nil
+}
+
+// openStream sends a request answered by one MsgOK on a connection of its
+// own, which then carries the operation's stream, and returns that
+// connection.
+func (c *Client) openStream(ctx context.Context, op string, t initproto.MsgType, req any) (*conn, error) {
 	cn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
 	stop := guard(ctx, cn)
-	err = initproto.WriteJSON(cn, initproto.MsgWatch, initproto.WatchRequest{Path: path, Recursive: recursive})
+	err = initproto.WriteJSON(cn, t, req)
 	if err == nil {
-		err = readAnswer(ctx, cn, "watch", nil)
+		err = readAnswer(ctx, cn, op, nil)
 	} else {
-		err = ioError(ctx, cn, "watch", err)
+		err = ioError(ctx, cn, op, err)
 	}
 	if fired := stop(); err != nil || fired {
 		cn.Close()
@@ -200,8 +212,30 @@ func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*Watch
 		}
 		return nil, err
 	}
-	return &Watch{cn: cn}, nil
+	return cn, nil
 }
+
+// DialPort connects to TCP port of the jail's loopback (127.0.0.1, else
+// ::1) from inside the jail, through init, whatever the jail's isolation
+// level: the connection carries that TCP connection's bytes. Nothing
+// listening there is ErrNotFound. A checkpoint's preparation closes the
+// connection.
+func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, errdefs.Invalidf("port %d is not a TCP port (1-65535)", port)
+	}
+	cn, err := c.openStream(ctx, "dial", initproto.MsgDial, initproto.DialRequest{Port: port})
+	if err != nil {
+		return nil, err
+	}
+	return portConn{cn}, nil
+}
+
+// portConn is a connection to a port of the jail: what init sends after
+// its answer may already be in the connection's reader.
+type portConn struct{ *conn }
+
+func (p portConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // Next returns the next change. A watch that failed (its directory
 // removed, events lost) returns init's error; a closed one ErrUnavailable.

@@ -75,6 +75,7 @@ type Server struct {
 	conns        map[net.Conn]struct{}
 	connClosed   chan struct{}      // closed (and replaced) whenever a connection ends
 	idle         map[*conn]struct{} // keep-alive connections awaiting a request
+	dials        map[*conn]struct{} // connections relaying a port of the jail (MsgDial)
 	quiescing    int                // checkpoint preparations under way: no connection stays open
 	closing      bool
 	prewarm      sync.Once
@@ -148,6 +149,7 @@ func NewServer(opts Options) (*Server, error) {
 		conns:        make(map[net.Conn]struct{}),
 		connClosed:   make(chan struct{}),
 		idle:         make(map[*conn]struct{}),
+		dials:        make(map[*conn]struct{}),
 		shutdownDone: make(chan struct{}),
 	}
 	s.shims = &shimPool{
@@ -469,14 +471,18 @@ func (s *Server) dropIdle(c *conn) {
 	s.mu.Unlock()
 }
 
-// quiesce closes the keep-alive connections awaiting a request, and makes
-// the others close after their operation, until the returned function is
-// called.
+// quiesce closes the keep-alive connections awaiting a request and the
+// connections relaying a port (a checkpoint cannot save them; their
+// clients connect again), and makes the others close after their
+// operation, until the returned function is called.
 func (s *Server) quiesce() (done func()) {
 	s.mu.Lock()
 	s.quiescing++
 	for c := range s.idle {
 		delete(s.idle, c)
+		c.c.Close()
+	}
+	for c := range s.dials {
 		c.c.Close()
 	}
 	s.mu.Unlock()
@@ -649,6 +655,12 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 			}
 		}
 		return c.sendJSON(initproto.MsgOK, nil)
+	case initproto.MsgDial:
+		var req initproto.DialRequest
+		if err := initproto.Decode(t, payload, &req); err != nil {
+			return newError(initproto.KindInvalid, "", "%v", err)
+		}
+		return s.dialPort(c, req)
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,
 		initproto.MsgMkdir, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
 		return recorded(func() error { return s.fileOp(c, t, payload) })

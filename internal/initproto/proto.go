@@ -97,6 +97,15 @@
 // without attaching; MsgSetSize (JSON SizeRequest) resizes a terminal
 // session by pid.
 //
+// # Ports
+//
+// MsgDial (JSON DialRequest) connects, from inside the jail, to a TCP port
+// of the jail's loopback (127.0.0.1, else ::1): init answers MsgOK (empty)
+// or MsgError (not_found when nothing listens there), and after MsgOK the
+// connection carries that TCP connection's bytes both ways, unframed,
+// until either side closes. A checkpoint's preparation closes such
+// connections (see MsgShims).
+//
 // # Watches
 //
 // MsgWatch (JSON WatchRequest) watches a directory with inotify: init
@@ -173,6 +182,7 @@ const (
 	MsgRemove    MsgType = 0x15 // RemoveRequest
 	MsgRename    MsgType = 0x16 // RenameRequest
 	MsgAccess    MsgType = 0x17 // AccessRequest; OK carries AccessResult
+	MsgDial      MsgType = 0x18 // DialRequest; after OK the connection is the TCP stream
 )
 
 // Stream types sent by the client after a request.
@@ -225,7 +235,7 @@ var msgNames = map[MsgType]string{
 	MsgPing: "ping", MsgExec: "exec", MsgAttach: "attach", MsgSignal: "signal", MsgKill: "kill",
 	MsgList: "list", MsgSessions: "sessions", MsgShims: "shims", MsgInput: "input", MsgSetSize: "set-size", MsgWatch: "watch", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
 	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgRemove: "remove", MsgRename: "rename",
-	MsgAccess: "access", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
+	MsgAccess: "access", MsgDial: "dial", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
 	MsgPTYSignal: "pty-signal", MsgKeepAlive: "keep-alive", MsgRelease: "release",
 	MsgData: "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",
 	MsgStdout: "stdout", MsgStderr: "stderr", MsgExit: "exit",

@@ -309,6 +309,11 @@ type RenameRequest struct {
 	To   string `json:"to"`
 }
 
+// DialRequest names a TCP port of the jail's loopback (MsgDial).
+type DialRequest struct {
+	Port int `json:"port"`
+}
+
 // AccessRequest asks whether a user can read or write a path (MsgAccess).
 type AccessRequest struct {
 	Path  string `json:"path"`

@@ -2,6 +2,7 @@ package jail
 
 import (
 	"context"
+	"net"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
@@ -111,6 +112,17 @@ func (m *Manager) WatchDir(ctx context.Context, ref, p string, recursive bool) (
 		return nil, err
 	}
 	return c.Watch(ctx, p, recursive)
+}
+
+// DialPort connects to TCP port of the running jail's loopback from inside
+// the jail (through its init, at every isolation level): what previews and
+// forwarded sandbox ports reach.
+func (m *Manager) DialPort(ctx context.Context, ref string, port int) (net.Conn, error) {
+	_, c, err := m.running(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return c.DialPort(ctx, port)
 }
 
 // Rename moves a path of the running jail (replacing a file at to) and

@@ -2,8 +2,9 @@
 // request for http://<port>-<jail>.localhost:<daemon port>/ (or
 // <port>-<jail>.sandbox.local with serve --mdns) goes through the daemon's
 // reverse proxy to that port of the jail, HTTP and WebSocket alike. The
-// proxy connects from inside the jail's network namespace, so a server
-// bound to the jail's loopback answers too and no ingress rule is needed.
+// jail's init makes the proxy's connections, from inside the jail, so a
+// server bound to the jail's loopback answers too, at every isolation
+// level, and no ingress rule is needed.
 // Access needs the API token (header, or once as ?agentjail_token= which
 // becomes a cookie) or a signed preview link (?agentjail_preview=, made by
 // POST /jails/{id}/previews); the token never reaches the jail.
@@ -32,7 +33,6 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
-	"github.com/agentjail/agentjail/internal/netns"
 )
 
 // Domains are the host name suffixes previews answer to.
@@ -55,6 +55,9 @@ const (
 type Jails interface {
 	// Get returns a jail by id or name.
 	Get(ctx context.Context, ref string) (*model.Jail, error)
+	// DialPort connects to a TCP port of the running jail's loopback from
+	// inside the jail. Nothing listening there is errdefs.ErrNotFound.
+	DialPort(ctx context.Context, ref string, port int) (net.Conn, error)
 }
 
 // Handler serves preview hosts (Wrap routes everything else to the API).
@@ -174,9 +177,21 @@ func (h *Handler) Link(ctx context.Context, ref string, port int, ttl time.Durat
 		dport = "80"
 	}
 	exp := time.Now().Add(ttl)
-	host := fmt.Sprintf("%d-%s.localhost:%s", port, strings.ToLower(j.Name), dport)
+	// A host name's case is not kept (and the host is read in lower
+	// case): a name that is not a plain lower-case label is linked by id.
+	ref = j.Name
+	if !hostLabel(ref) {
+		ref = j.ID
+	}
+	host := fmt.Sprintf("%d-%s.localhost:%s", port, ref, dport)
 	u := url.URL{Scheme: "http", Host: host, Path: "/", RawQuery: url.Values{SignedParam: {h.sign(j.ID, port, exp.Unix())}}.Encode()}
 	return &model.PreviewLink{Jail: j.Name, Port: port, URL: u.String(), ExpiresAt: exp.UTC()}, nil
+}
+
+// hostLabel reports whether s can stand in a host name as it is: lower-case
+// letters, digits and '-'.
+func hostLabel(s string) bool {
+	return s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyz0123456789-") == ""
 }
 
 // ServeHTTP serves a request for a preview host.
@@ -264,10 +279,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, j *model.Jail, t
 		},
 		Transport: h.transport(j),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			var oe *net.OpError
 			msg := err.Error()
-			if errors.As(err, &oe) && oe.Op == "dial" {
-				msg = fmt.Sprintf("Nothing answers on port %d in jail %s. Start the dev server on that port (on any address of the jail, 127.0.0.1 too).", t.Port, j.Name)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				msg = fmt.Sprintf("Nothing answers on port %d in jail %s. Start the dev server on that port (on the jail's loopback or on all its addresses).", t.Port, j.Name)
 			}
 			page(w, http.StatusBadGateway, "Bad gateway", msg)
 		},
@@ -280,7 +294,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, j *model.Jail, t
 }
 
 // transport returns the jail's transport: connections are made from inside
-// its network namespace (that of its init) to its loopback.
+// the jail to its loopback, by its init (so at every isolation level, a
+// virtual machine's or a user-space kernel's loopback too). It is made
+// again for each run of the jail (a restore starts a new init).
 func (h *Handler) transport(j *model.Jail) *http.Transport {
 	key := j.ID + "/" + strconv.Itoa(j.Pid)
 	h.mu.Lock()
@@ -294,17 +310,20 @@ func (h *Handler) transport(j *model.Jail) *http.Transport {
 			delete(h.transports, k)
 		}
 	}
-	nsPath := fmt.Sprintf("/proc/%d/ns/net", j.Pid)
+	id := j.ID
 	tr := &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var c net.Conn
-			err := netns.Do(nsPath, func() error {
-				d := net.Dialer{Timeout: 5 * time.Second}
-				var err error
-				c, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			_, p, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			port, err := strconv.Atoi(p)
+			if err != nil {
+				return nil, fmt.Errorf("port %q: %w", p, err)
+			}
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return h.jails.DialPort(ctx, id, port)
 		},
 		MaxIdleConnsPerHost:   32,
 		IdleConnTimeout:       90 * time.Second,

@@ -114,6 +114,7 @@ func Run(t *testing.T, tg Target) {
 	t.Run("files", h.files)
 	t.Run("limits", h.limits)
 	t.Run("network", h.network)
+	t.Run("preview", h.preview)
 	t.Run("terminal", h.terminal)
 	t.Run("escape", h.escape)
 	t.Run("observation", h.observation)
