@@ -293,6 +293,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, j *model.Jail, t
 	rp.ServeHTTP(w, r)
 }
 
+// maxTransports bounds the jails whose preview transport is kept.
+const maxTransports = 256
+
 // transport returns the jail's transport: connections are made from inside
 // the jail to its loopback, by its init (so at every isolation level, a
 // virtual machine's or a user-space kernel's loopback too). It is made
@@ -305,7 +308,10 @@ func (h *Handler) transport(j *model.Jail) *http.Transport {
 		return tr
 	}
 	for k, tr := range h.transports {
-		if strings.HasPrefix(k, j.ID+"/") {
+		// An earlier run's, or, past the bound, any other jail's (the
+		// next request for it makes a new one; requests under way keep
+		// their connections).
+		if strings.HasPrefix(k, j.ID+"/") || len(h.transports) >= maxTransports {
 			tr.CloseIdleConnections()
 			delete(h.transports, k)
 		}

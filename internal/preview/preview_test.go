@@ -213,3 +213,26 @@ func TestProxyIsFullDuplex(t *testing.T) {
 		r.Header.Set("Authorization", "Bearer tok")
 	})
 }
+
+// TestTransportsBounded: the proxy keeps one transport per jail run (a
+// new run of the jail replaces its earlier one) and at most maxTransports
+// in all, however many jails were previewed.
+func TestTransportsBounded(t *testing.T) {
+	h, err := New(fakeJails{}, "tok", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := h.transport(&model.Jail{ID: "j0", Pid: 1})
+	if again := h.transport(&model.Jail{ID: "j0", Pid: 1}); again != first {
+		t.Fatal("a second request of the same run made another transport")
+	}
+	if next := h.transport(&model.Jail{ID: "j0", Pid: 2}); next == first || len(h.transports) != 1 {
+		t.Fatalf("a new run of the jail: %d transports, same one %v", len(h.transports), next == first)
+	}
+	for i := range 3 * maxTransports {
+		h.transport(&model.Jail{ID: "j" + strconv.Itoa(i+1), Pid: 1})
+		if n := len(h.transports); n > maxTransports {
+			t.Fatalf("%d transports kept after %d jails, bound %d", n, i+2, maxTransports)
+		}
+	}
+}
