@@ -76,6 +76,7 @@ func (pc *plainConn) exchange(ctx context.Context, req *http.Request) (*http.Res
 	pc.stop = context.AfterFunc(ctx, func() { pc.tc.SetDeadline(time.Unix(1, 0)) })
 	pc.tc.SetReadDeadline(time.Now().Add(plainHeaderTimeout))
 	pc.sent = nil
+	pc.bodyErr.Store(nil)
 	if req.Body == nil || req.Body == http.NoBody {
 		if err := pc.write(req); err != nil {
 			return nil, err
