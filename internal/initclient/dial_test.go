@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,6 +79,9 @@ func TestDialPort(t *testing.T) {
 		c, err := e.c.DialPort(ctx, port)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.addr, err)
+		}
+		if want := strings.Replace(tc.addr, ":0", ":"+strconv.Itoa(port), 1); c.RemoteAddr().String() != want {
+			t.Errorf("connected to %s, want %s", c.RemoteAddr(), want)
 		}
 		br := bufio.NewReader(c)
 		for _, s := range []string{"hello", "again"} {

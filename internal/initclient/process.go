@@ -183,17 +183,17 @@ func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*Watch
 	if err := checkPath("path", path); err != nil {
 		return nil, err
 	}
-	cn, err := c.openStream(ctx, "watch", initproto.MsgWatch, initproto.WatchRequest{Path: path, Recursive: recursive})
+	cn, err := c.openStream(ctx, "watch", initproto.MsgWatch, initproto.WatchRequest{Path: path, Recursive: recursive}, nil)
 	if err != nil {
 		return nil, err
 	}
 	return &Watch{cn: cn}, nil
 }
 
-// openStream sends a request answered by one MsgOK on a connection of its
-// own, which then carries the operation's stream, and returns that
-// connection.
-func (c *Client) openStream(ctx context.Context, op string, t initproto.MsgType, req any) (*conn, error) {
+// openStream sends a request answered by one MsgOK (decoded into out,
+// when not nil) on a connection of its own, which then carries the
+// operation's stream, and returns that connection.
+func (c *Client) openStream(ctx context.Context, op string, t initproto.MsgType, req, out any) (*conn, error) {
 	cn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -201,7 +201,7 @@ func (c *Client) openStream(ctx context.Context, op string, t initproto.MsgType,
 	stop := guard(ctx, cn)
 	err = initproto.WriteJSON(cn, t, req)
 	if err == nil {
-		err = readAnswer(ctx, cn, op, nil)
+		err = readAnswer(ctx, cn, op, out)
 	} else {
 		err = ioError(ctx, cn, op, err)
 	}
@@ -218,24 +218,38 @@ func (c *Client) openStream(ctx context.Context, op string, t initproto.MsgType,
 // DialPort connects to TCP port of the jail's loopback (127.0.0.1, else
 // ::1) from inside the jail, through init, whatever the jail's isolation
 // level: the connection carries that TCP connection's bytes. Nothing
-// listening there is ErrNotFound. A checkpoint's preparation closes the
+// listening there is ErrNotFound. The connection's RemoteAddr is the
+// address init connected to. A checkpoint's preparation closes the
 // connection.
 func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, errdefs.Invalidf("port %d is not a TCP port (1-65535)", port)
 	}
-	cn, err := c.openStream(ctx, "dial", initproto.MsgDial, initproto.DialRequest{Port: port})
+	var ans initproto.DialAnswer
+	cn, err := c.openStream(ctx, "dial", initproto.MsgDial, initproto.DialRequest{Port: port}, &ans)
 	if err != nil {
 		return nil, err
 	}
-	return portConn{cn}, nil
+	return portConn{cn, portAddr(ans.Addr)}, nil
 }
 
 // portConn is a connection to a port of the jail: what init sends after
 // its answer may already be in the connection's reader.
-type portConn struct{ *conn }
+type portConn struct {
+	*conn
+	remote portAddr
+}
 
 func (p portConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// RemoteAddr is the address in the jail that init connected to.
+func (p portConn) RemoteAddr() net.Addr { return p.remote }
+
+// portAddr is a TCP address in a jail, as init reported it.
+type portAddr string
+
+func (a portAddr) Network() string { return "tcp" }
+func (a portAddr) String() string  { return string(a) }
 
 // Next returns the next change. A watch that failed (its directory
 // removed, events lost) returns init's error; a closed one ErrUnavailable.

@@ -35,7 +35,7 @@ func (s *Server) dialPort(c *conn, req initproto.DialRequest) error {
 		return newError(initproto.KindInternal, "", "connect to port %d of the jail's loopback: %v", req.Port, err)
 	}
 	defer tc.Close()
-	if err := c.sendJSON(initproto.MsgOK, nil); err != nil {
+	if err := c.sendJSON(initproto.MsgOK, initproto.DialAnswer{Addr: tc.RemoteAddr().String()}); err != nil {
 		return nil
 	}
 	// Either side's end ends both: HTTP, the use, never half-closes.

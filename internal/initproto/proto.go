@@ -100,8 +100,8 @@
 // # Ports
 //
 // MsgDial (JSON DialRequest) connects, from inside the jail, to a TCP port
-// of the jail's loopback (127.0.0.1, else ::1): init answers MsgOK (empty)
-// or MsgError (not_found when nothing listens there), and after MsgOK the
+// of the jail's loopback (127.0.0.1, else ::1): init answers MsgOK (JSON
+// DialAnswer) or MsgError (not_found when nothing listens there), and after MsgOK the
 // connection carries that TCP connection's bytes both ways, unframed,
 // until either side closes. A checkpoint's preparation closes such
 // connections (see MsgShims).
@@ -182,7 +182,7 @@ const (
 	MsgRemove    MsgType = 0x15 // RemoveRequest
 	MsgRename    MsgType = 0x16 // RenameRequest
 	MsgAccess    MsgType = 0x17 // AccessRequest; OK carries AccessResult
-	MsgDial      MsgType = 0x18 // DialRequest; after OK the connection is the TCP stream
+	MsgDial      MsgType = 0x18 // DialRequest; OK carries DialAnswer, then the connection is the TCP stream
 )
 
 // Stream types sent by the client after a request.

@@ -314,6 +314,11 @@ type DialRequest struct {
 	Port int `json:"port"`
 }
 
+// DialAnswer answers a DialRequest: the address init connected to.
+type DialAnswer struct {
+	Addr string `json:"addr"`
+}
+
 // AccessRequest asks whether a user can read or write a path (MsgAccess).
 type AccessRequest struct {
 	Path  string `json:"path"`

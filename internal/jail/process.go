@@ -3,11 +3,15 @@ package jail
 import (
 	"context"
 	"net"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/netpolicy"
 )
 
 // Commands that outlive the request that started them (the E2B surface's
@@ -116,13 +120,51 @@ func (m *Manager) WatchDir(ctx context.Context, ref, p string, recursive bool) (
 
 // DialPort connects to TCP port of the running jail's loopback from inside
 // the jail (through its init, at every isolation level): what previews and
-// forwarded sandbox ports reach.
+// forwarded sandbox ports reach. The connection shows in the jail's
+// network record when it closes (dir ingress, via preview, its bytes each
+// way and its duration).
 func (m *Manager) DialPort(ctx context.Context, ref string, port int) (net.Conn, error) {
-	_, c, err := m.running(ctx, ref)
+	inst, c, err := m.running(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	return c.DialPort(ctx, port)
+	pc, err := c.DialPort(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	return &ingressConn{Conn: pc, start: time.Now(), record: func(ev netpolicy.ConnEvent) { m.recordNet(inst.ID, ev) }}, nil
+}
+
+// ingressConn is a connection into a jail that records itself once closed.
+type ingressConn struct {
+	net.Conn
+	start   time.Time
+	in, out atomic.Int64 // bytes written into the jail, read from it
+	once    sync.Once
+	record  func(netpolicy.ConnEvent)
+}
+
+func (c *ingressConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.out.Add(int64(n))
+	return n, err
+}
+
+func (c *ingressConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+func (c *ingressConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.record(netpolicy.ConnEvent{
+			Time: c.start, Dir: "ingress", Proto: "tcp", Via: netpolicy.ViaPreview, Dst: c.RemoteAddr().String(),
+			Verdict: netpolicy.VerdictAllow, BytesIn: c.in.Load(), BytesOut: c.out.Load(), DurNS: time.Since(c.start).Nanoseconds(),
+		})
+	})
+	return err
 }
 
 // Rename moves a path of the running jail (replacing a file at to) and

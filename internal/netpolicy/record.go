@@ -21,6 +21,7 @@ const (
 	ViaHTTPProxy   = "http_proxy"  // explicit HTTP proxy (absolute URI)
 	ViaConnect     = "connect"     // explicit HTTP proxy, CONNECT
 	ViaSOCKS       = "socks5"      // SOCKS5 CONNECT
+	ViaPreview     = "preview"     // into the jail: a preview or an E2B sandbox port (dir ingress)
 )
 
 // ConnEvent is one entry of a jail's connection record: a connection

@@ -344,8 +344,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
 // interpreter's SDK sends it) reaches that port in the sandbox, a server
 // bound to the sandbox's loopback included; it needs the sandbox's access
 // token, and neither that token, the daemon's nor the routing headers
-// reach the sandbox. Bad ports and ports where nothing listens get a
-// precise error.
+// reach the sandbox; each connection shows in the sandbox's network
+// record. Bad ports and ports where nothing listens get a precise error.
 func TestE2BSandboxPorts(t *testing.T) {
 	d := shared(t)
 	key := e2bKey(t, d)
@@ -391,6 +391,32 @@ func TestE2BSandboxPorts(t *testing.T) {
 	r := forward("POST", "/upload", map[string]string{"a": "b"}, "8000", sb.EnvdAccessToken)
 	if r.status != http.StatusOK || json.Unmarshal(r.body, &got) != nil || got.Body != `{"a":"b"}` {
 		t.Fatalf("POST through port 8000: %s", r)
+	}
+	// Each connection into the sandbox shows in its network record (the
+	// server closes them after each answer, HTTP/1.0).
+	if err := waitFor(10*time.Second, func() error {
+		ev, err := d.api.send("GET", "/e2b/sandboxes/"+sb.SandboxID+"/events?type=net&follow=false", nil, "X-API-KEY", key)
+		if err != nil || ev.status != http.StatusOK {
+			return fmt.Errorf("events: %v %v", ev, err)
+		}
+		n := 0
+		for _, line := range strings.Split(strings.TrimSpace(string(ev.body)), "\n") {
+			var e struct {
+				Dir, Via, Dst, Verdict string
+				Bytes                  int64 `json:"bytes"`
+				BytesIn                int64 `json:"bytes_in"`
+			}
+			if json.Unmarshal([]byte(line), &e) == nil && e.Dir == "ingress" && e.Via == "preview" && e.Verdict == "allow" &&
+				e.Dst == "127.0.0.1:8000" && e.Bytes > 0 && e.BytesIn > 0 {
+				n++
+			}
+		}
+		if n < 2 {
+			return fmt.Errorf("%d records of connections into port 8000, want 2 or more: %s", n, ev.body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	for _, tc := range []struct {
