@@ -90,11 +90,12 @@ func (s *Service) forwardPort(w http.ResponseWriter, r *http.Request, sb *sandbo
 		writeAPIError(w, http.StatusNotImplemented, "this daemon does not forward sandbox ports (E2b-Sandbox-Port "+p+")")
 		return
 	}
+	rec := sb.snapshot()
 	if !tokenOK(r.Header.Get("X-Access-Token"), sb) {
-		writeAPIError(w, http.StatusUnauthorized, "missing or invalid X-Access-Token for sandbox "+sb.snapshot().ID)
+		writeAPIError(w, http.StatusUnauthorized, "missing or invalid X-Access-Token for sandbox "+rec.ID)
 		return
 	}
-	j, err := s.jails.Get(r.Context(), sb.snapshot().JailID)
+	j, err := s.jails.Get(r.Context(), rec.JailID)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
