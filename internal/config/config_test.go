@@ -74,6 +74,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"isolation.network.allowed_ingress[0].source", func(c *Config) {
 			c.Isolation.Network.AllowedIngress = []IngressRule{{Source: "example.com"}}
 		}},
+		{"isolation.network.allowed_ingress[0].source", func(c *Config) {
+			c.Isolation.Network.AllowedIngress = []IngressRule{{Source: "*"}}
+		}},
+		{"isolation.network.blocked_egress[0].destination", func(c *Config) {
+			c.Isolation.Network.BlockedEgress = []EgressRule{{Destination: "*x"}}
+		}},
 		{"isolation.network.inter_agent_rules[0]", func(c *Config) {
 			c.Isolation.Network.InterAgentRules = []InterAgentRule{{From: "[", To: "db"}}
 		}},

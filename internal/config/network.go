@@ -36,14 +36,22 @@ func NormalizeHost(s string) (string, error) {
 	return s, nil
 }
 
+// AnyHost is the destination that names every host name (not addresses:
+// a rule for those is 0.0.0.0/0 or ::/0).
+const AnyHost = "*"
+
 // ParseDestination parses a rule's destination (or source): an IP
 // address or CIDR gives prefix (masked; an IPv4-mapped address unmapped),
 // a host name gives domain (normalized), "*." and a domain gives domain
-// with a leading dot (every name below it, not the domain itself).
+// with a leading dot (every name below it, not the domain itself), and
+// "*" alone gives domain AnyHost (every name).
 func ParseDestination(d string) (prefix netip.Prefix, domain string, err error) {
 	d = strings.TrimSpace(d)
-	if d == "" {
+	switch d {
+	case "":
 		return prefix, "", errdefs.Invalidf("empty")
+	case AnyHost:
+		return prefix, AnyHost, nil
 	}
 	if strings.Contains(d, "/") {
 		p, err := netip.ParsePrefix(d)

@@ -242,7 +242,7 @@ func checkRule(field, key, target string, ports []int, proto string) error {
 		return errdefs.Unprocessablef("%s.%s: required", field, key)
 	}
 	if _, _, err := ParseDestination(target); err != nil {
-		return errdefs.Unprocessablef("%s.%s: %v (expected a host name, *.domain, an IP address or a CIDR)", field, key, err)
+		return errdefs.Unprocessablef("%s.%s: %v (expected a host name, *.domain, * for every name, an IP address or a CIDR)", field, key, err)
 	}
 	switch proto {
 	case "", "tcp", "udp", "any":

@@ -46,6 +46,7 @@ func (s *Service) routes() {
 		{"GET /sandboxes/{id}", false, (*Service).getSandbox},
 		{"DELETE /sandboxes/{id}", true, (*Service).deleteSandbox},
 		{"POST /sandboxes/{id}/timeout", true, (*Service).postTimeout},
+		{"PUT /sandboxes/{id}/network", true, (*Service).putNetwork},
 		{"POST /sandboxes/{id}/pause", true, (*Service).postPause},
 		{"POST /sandboxes/{id}/resume", true, (*Service).postConnect},
 		{"POST /v2/sandboxes/{id}/connect", true, (*Service).postConnect},
@@ -191,25 +192,32 @@ func detailJSON(r record) map[string]any {
 	if state != statePaused {
 		state = stateRunning
 	}
-	return map[string]any{
+	out := map[string]any{
 		"sandboxID": r.ID, "templateID": r.TemplateID, "clientID": "agentjail", "alias": r.TemplateID,
 		"metadata": meta, "envdVersion": envdVersion, "startedAt": r.StartedAt.Format(time.RFC3339Nano),
 		"endAt": r.EndAt.Format(time.RFC3339Nano), "state": state, "cpuCount": r.CPUCount, "memoryMB": r.MemoryMB,
-		"diskSizeMB": 0, "allowInternetAccess": false,
+		"diskSizeMB": 0, "allowInternetAccess": r.Network != nil && r.Network.Internet,
 		"lifecycle": map[string]any{"onTimeout": map[bool]string{true: "pause", false: "kill"}[r.AutoPause], "autoResume": false},
 		"agentjail": map[string]any{"jailID": r.JailID, "jails": r.Jails},
 	}
+	if r.Network != nil {
+		out["network"] = r.Network.infoJSON()
+	}
+	return out
 }
 
 // createBody is the body of POST /v2/sandboxes.
 type createBody struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int64            `json:"timeout"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-	AutoPause  bool              `json:"autoPause"`
-	MCP        json.RawMessage   `json:"mcp"`
-	Volumes    json.RawMessage   `json:"volumeMounts"`
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AutoPause           bool              `json:"autoPause"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkBody      `json:"network"`
+	MCP                 json.RawMessage   `json:"mcp"`
+	IAM                 json.RawMessage   `json:"iam"`
+	Volumes             json.RawMessage   `json:"volumeMounts"`
 }
 
 func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) error {
@@ -217,19 +225,31 @@ func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) 
 	if err := decode(r, &b); err != nil {
 		return err
 	}
-	if len(b.MCP) > 0 && string(b.MCP) != "null" {
+	if given(b.MCP) {
 		return errdefs.NotImplementedf("mcp: MCP gateways in sandboxes are not supported by agentjail")
 	}
-	if len(b.Volumes) > 0 && string(b.Volumes) != "null" && string(b.Volumes) != "[]" {
+	if given(b.Volumes) && string(b.Volumes) != "[]" {
 		return errdefs.NotImplementedf("volumeMounts: E2B volumes are not supported by agentjail")
+	}
+	if given(b.IAM) {
+		return errdefs.NotImplementedf("iam: workload identity tokens are not supported by agentjail")
 	}
 	timeout, err := timeoutOf(b.Timeout, defaultTimeout)
 	if err != nil {
 		return err
 	}
+	spec := createSpec{template: b.TemplateID, timeout: timeout, metadata: b.Metadata, envVars: b.EnvVars, autoPause: b.AutoPause}
+	if b.AllowInternetAccess != nil || b.Network != nil {
+		if b.Network != nil && b.Network.AllowInternetAccess != nil {
+			return errdefs.Invalidf("network.allow_internet_access: give allow_internet_access beside network")
+		}
+		if spec.network, spec.creds, err = parseNetwork(b.AllowInternetAccess, b.Network); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), opTimeout)
 	defer cancel()
-	sb, err := s.create(ctx, c, createSpec{template: b.TemplateID, timeout: timeout, metadata: b.Metadata, envVars: b.EnvVars, autoPause: b.AutoPause})
+	sb, err := s.create(ctx, c, spec)
 	if err != nil {
 		return err
 	}
@@ -513,12 +533,11 @@ func (s *Service) postSnapshot(c caller, w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	sb.op.Lock()
-	defer sb.op.Unlock()
-	rec := sb.snapshot()
-	if rec.State != stateRunning {
-		return errdefs.Conflictf("sandbox %s is %s; only a running sandbox can be snapshotted", rec.ID, rec.State)
+	rec, err := sb.lockRunning("be snapshotted")
+	if err != nil {
+		return err
 	}
+	defer sb.op.Unlock()
 	sb.endStreams()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), opTimeout)
 	defer cancel()

@@ -10,12 +10,14 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/agentjail/agentjail/internal/apikey"
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
 )
@@ -161,3 +163,75 @@ func TestListPages(t *testing.T) {
 		t.Fatalf("state filter: %v", ids)
 	}
 }
+
+// TestNetworkOptions: E2B's network options become the jail's policy
+// (allowOut over denyOut, ALL_TRAFFIC standing for IPv6 and every name
+// too), and what cannot be honoured or is malformed is refused with the
+// option named.
+func TestNetworkOptions(t *testing.T) {
+	yes := true
+	n, creds, err := parseNetwork(&yes, &networkBody{
+		AllowOut: []string{"api.example.com", allTraffic}, DenyOut: []string{"10.0.0.0/8", allTraffic},
+		Rules: map[string][]networkRule{"api.example.com": {{Transform: &struct {
+			Headers map[string]string `json:"headers"`
+		}{Headers: map[string]string{"Authorization": "Bearer x"}}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests := func(rs []config.EgressRule) (out []string) {
+		for _, r := range rs {
+			out = append(out, r.Destination)
+		}
+		return out
+	}
+	pol := n.policy(config.NetBridge, creds)
+	for _, c := range []struct {
+		list      string
+		got, want []string
+	}{
+		{"always_allow", dests(pol.AlwaysAllow), []string{"api.example.com", allTraffic, "::/0", "*"}},
+		{"blocked_egress", dests(pol.BlockedEgress), []string{"10.0.0.0/8", allTraffic, "::/0"}},
+		{"allowed_egress", dests(pol.AllowedEgress), []string{"*", allTraffic, "::/0"}},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s: %q, want %q", c.list, c.got, c.want)
+		}
+	}
+	if len(pol.Credentials) != 1 || pol.Credentials[0] != (config.Credential{Host: "api.example.com", Header: "Authorization", Value: "Bearer x"}) {
+		t.Errorf("credentials: %+v", pol.Credentials)
+	}
+	if b, _ := json.Marshal(n.infoJSON()); strings.Contains(string(b), "Bearer") {
+		t.Errorf("the info shows a header's value: %s", b)
+	}
+
+	long := make([]string, maxNetworkEntries+1)
+	for i := range long {
+		long[i] = fmt.Sprintf("10.0.%d.%d", i/256, i%256)
+	}
+	for _, c := range []struct {
+		what string
+		body networkBody
+		kind error
+		msg  string
+	}{
+		{"a domain in denyOut", networkBody{DenyOut: []string{"example.com"}}, errdefs.ErrInvalid, "denyOut[0]"},
+		{"* in allowOut", networkBody{AllowOut: []string{"*"}}, errdefs.ErrInvalid, "allowOut[0]"},
+		{"a bad CIDR", networkBody{AllowOut: []string{"10.0.0.0/40"}}, errdefs.ErrInvalid, "allowOut[0]"},
+		{"too many entries", networkBody{DenyOut: long}, errdefs.ErrInvalid, "at most 256"},
+		{"a rule for an address", networkBody{Rules: map[string][]networkRule{"10.0.0.1/32": nil}}, errdefs.ErrInvalid, "rules"},
+		{"a mask with a path", networkBody{MaskRequestHost: ptr("a.example/x")}, errdefs.ErrInvalid, "maskRequestHost"},
+		{"an egress proxy", networkBody{EgressProxy: json.RawMessage(`{"address":"p:1080"}`)}, errdefs.ErrNotImplemented, "egressProxy"},
+		{"https ports", networkBody{HTTPSPorts: []int{443}}, errdefs.ErrNotImplemented, "httpsPorts"},
+		{"an identity token", networkBody{Rules: map[string][]networkRule{"a.example": {{Transform: &struct {
+			Headers map[string]string `json:"headers"`
+		}{Headers: map[string]string{"Authorization": "Bearer ${e2b.identity.tokens.aws}"}}}}}}, errdefs.ErrNotImplemented, "iam"},
+	} {
+		_, _, err := parseNetwork(nil, &c.body)
+		if !errors.Is(err, c.kind) || !strings.Contains(fmt.Sprint(err), c.msg) {
+			t.Errorf("%s: %v, want %v naming %s", c.what, err, c.kind, c.msg)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

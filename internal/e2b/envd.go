@@ -104,6 +104,9 @@ func (s *Service) forwardPort(w http.ResponseWriter, r *http.Request, sb *sandbo
 	for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "E2b-Traffic-Access-Token"} {
 		out.Header.Del(h)
 	}
+	if h := rec.Network.requestHost(port); h != "" {
+		out.Host = h
+	}
 	s.opts.Ports.Forward(w, out, j, port)
 }
 

@@ -67,6 +67,7 @@ var e2bFuzzRoutes = []struct{ method, path string }{
 	{"GET", "/e2b/snapshots"},
 	{"DELETE", "/e2b/templates/SNAP"},
 	{"GET", "/e2b/sandboxes/SBX/report"},
+	{"PUT", "/e2b/sandboxes/SBX/network"},
 }
 
 // FuzzControlPlane sends arbitrary bodies and queries to the E2B control
@@ -93,6 +94,9 @@ func FuzzControlPlane(f *testing.F) {
 		{11, "sandboxID=SBX", ""},
 		{12, "", ""},
 		{9, "start=0&end=99999999999", ""},
+		{0, "", `{"allow_internet_access":true,"network":{"allowOut":["a.example","10.0.0.0/8"],"denyOut":["0.0.0.0/0"],"rules":{"a.example":[{"transform":{"headers":{"X-A":"b"}}}]},"maskRequestHost":"${PORT}.x"}}`},
+		{14, "", `{"allowOut":["a.example"],"denyOut":["0.0.0.0/0"],"allow_internet_access":false}`},
+		{14, "", `{"denyOut":["a.example"]}`},
 	} {
 		f.Add(s.route, s.query, []byte(s.body))
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/atomicfile"
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
 )
@@ -57,6 +58,9 @@ type record struct {
 	AutoPause     bool      `json:"auto_pause,omitempty"`
 	CPUCount      int       `json:"cpu_count"`
 	MemoryMB      int       `json:"memory_mb"`
+	// Network holds the E2B network options the sandbox was given (nil:
+	// none, the daemon's default policy).
+	Network *netSettings `json:"network,omitempty"`
 	// Procs describes the processes started through the sandbox plane, by
 	// pid (for Process/List and tag selectors).
 	Procs map[uint32]procMeta `json:"procs,omitempty"`
@@ -99,6 +103,19 @@ func (sb *sandbox) snapshot() record {
 	defer sb.mu.Unlock()
 	r := sb.rec
 	return r
+}
+
+// lockRunning takes sb's operation lock and returns its record; when sb
+// is not running it returns a conflict (what it cannot then do) instead,
+// the lock released.
+func (sb *sandbox) lockRunning(what string) (record, error) {
+	sb.op.Lock()
+	r := sb.snapshot()
+	if r.State != stateRunning {
+		sb.op.Unlock()
+		return r, errdefs.Conflictf("sandbox %s is %s; only a running sandbox can %s", r.ID, r.State, what)
+	}
+	return r, nil
 }
 
 func (sb *sandbox) stopTimer() {
@@ -317,6 +334,9 @@ type createSpec struct {
 	metadata  map[string]string
 	envVars   map[string]string
 	autoPause bool
+	// network and creds are the E2B network options (nil: none).
+	network *netSettings
+	creds   []config.Credential
 }
 
 // create makes a sandbox for c.
@@ -327,15 +347,29 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	if sid := s.ownSnapshot(ctx, c, spec.template); sid != "" {
 		// A snapshot made by createSnapshot: its files and processes.
 		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
+		if err == nil && spec.network != nil {
+			if _, err = s.jails.UpdateNetwork(ctx, j.ID, spec.network.policy(j.Config.Isolation.Network.Mode, spec.creds)); err != nil {
+				if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
+					s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
+				}
+				return nil, err
+			}
+		}
 	} else {
 		cfg := templateConfig(spec.template)
 		cfg.Env = spec.envVars
+		// Bridge mode, so that an update may allow direct connections
+		// too; with no rule it allows nothing.
+		cfg.Isolation.Network.Mode = config.NetBridge
+		if spec.network != nil {
+			cfg.Isolation.Network = spec.network.policy(config.NetBridge, spec.creds)
+		}
 		j, err = s.jails.Create(ctx, model.CreateRequest{Name: jailName(id, 1), Config: cfg})
-	}
-	if err != nil {
-		if errors.Is(err, errdefs.ErrUnprocessable) && spec.template != "" && spec.template != defaultTemplate {
+		if err != nil && errors.Is(err, errdefs.ErrUnprocessable) && spec.template != "" && spec.template != defaultTemplate {
 			return nil, errdefs.NotFoundf("template %q: %v", spec.template, err)
 		}
+	}
+	if err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
@@ -343,7 +377,7 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		ID: id, TemplateID: spec.template, Tenant: c.key.Tenant, KeyID: c.key.ID,
 		Metadata: spec.metadata, EnvVars: spec.envVars, Token: newToken(), State: stateRunning,
 		JailID: j.ID, Jails: []string{j.ID}, StartedAt: now, EndAt: now.Add(spec.timeout), AutoPause: spec.autoPause,
-		CPUCount: cpuCount(j), MemoryMB: int(j.Config.Isolation.Resources.MemoryBytes >> 20),
+		CPUCount: cpuCount(j), MemoryMB: int(j.Config.Isolation.Resources.MemoryBytes >> 20), Network: spec.network,
 	}
 	if r.TemplateID == "" {
 		r.TemplateID = defaultTemplate
@@ -576,11 +610,9 @@ func (s *Service) fork(ctx context.Context, c caller, sb *sandbox, count int, ti
 	if count < 1 || count > maxForks {
 		return nil, errdefs.Invalidf("count: %d must be between 1 and %d", count, maxForks)
 	}
-	sb.op.Lock()
-	r := sb.snapshot()
-	if r.State != stateRunning {
-		sb.op.Unlock()
-		return nil, errdefs.Conflictf("sandbox %s is %s; only a running sandbox can be forked", r.ID, r.State)
+	r, err := sb.lockRunning("be forked")
+	if err != nil {
+		return nil, err
 	}
 	sb.endStreams()
 	snap, err := s.snapshot(ctx, r.JailID, model.SnapshotRequest{Name: "e2b-" + r.ID + "-fork-" + newToken()[:6], Mode: model.SnapshotFull})

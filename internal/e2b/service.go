@@ -6,8 +6,9 @@
 //
 //   - the control plane (E2B_API_URL = http://HOST/e2b): sandboxes as REST
 //     resources (create, connect, list, get, kill, timeout, pause,
-//     metrics, fork, snapshots), authenticated with an API key the daemon
-//     issued (internal/apikey) in X-API-KEY;
+//     metrics, fork, snapshots, network), authenticated with an API key
+//     the daemon issued (internal/apikey) in X-API-KEY; a sandbox's
+//     network options become its jail's network policy (network.go);
 //   - the sandbox plane (E2B_SANDBOX_URL = http://HOST/e2b/envd): the
 //     connect-go services process.Process and filesystem.Filesystem,
 //     /files, /health and /metrics, routed by the E2b-Sandbox-Id header
@@ -49,6 +50,7 @@ type Jails interface {
 	Create(ctx context.Context, req model.CreateRequest) (*model.Jail, error)
 	Get(ctx context.Context, ref string) (*model.Jail, error)
 	Destroy(ctx context.Context, ref string) error
+	UpdateNetwork(ctx context.Context, ref string, n config.Network) (*model.Jail, error)
 	Snapshot(ctx context.Context, ref string, req model.SnapshotRequest) (*model.Snapshot, error)
 	ListSnapshots(ctx context.Context, ref string) ([]*model.Snapshot, error)
 	Restore(ctx context.Context, sid, name string) (*model.Jail, error)

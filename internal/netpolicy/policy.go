@@ -79,7 +79,7 @@ type Route struct {
 type Rule struct {
 	// Destination is a host name ("api.example.com"), a wildcard
 	// ("*.example.com": every name below example.com, not example.com
-	// itself), an IP address or a CIDR. In Ingress rules it is the source
+	// itself; "*": every name), an IP address or a CIDR. In Ingress rules it is the source
 	// and must be an IP address or CIDR.
 	Destination string `json:"destination"`
 	// Ports the rule covers (empty: all).
@@ -150,6 +150,9 @@ func (c compiled) matchPort(port int, proto string) bool {
 func (c compiled) matchName(host string) bool {
 	if c.domain == "" || host == "" {
 		return false
+	}
+	if c.domain == config.AnyHost {
+		return true
 	}
 	if strings.HasPrefix(c.domain, ".") {
 		return strings.HasSuffix(host, c.domain)

@@ -285,6 +285,24 @@ func TestRulePrecedence(t *testing.T) {
 		t.Errorf("allowed.test: status %s exit %d, want 200", s, c)
 	}
 
+	// "*" allows every name, and still yields to block rules.
+	any := attach(t, e.m, "any", ModeIsolated, Policy{
+		Allow: []Rule{{Destination: "*"}},
+		Block: []Rule{{Destination: "*.wild.test"}},
+	})
+	if got := any.dns(t, e.m.daemon.String(), "other.test", qtypeA, "udp"); got != "rcode 0 answers "+inetB.String() {
+		t.Errorf("DNS other.test (allowed by *): %q", got)
+	}
+	if s, c := any.curl(t, nil, "http://other.test/any"); s != "200" {
+		t.Errorf("other.test (allowed by *): status %s exit %d, want 200", s, c)
+	}
+	e.rec.wait(t, any.id, "request allowed by *", func(ev ConnEvent) bool {
+		return ev.Via == ViaTransparent && ev.Path == "/any" && ev.Status == 200 && ev.Rule == "allow:*"
+	})
+	if got := any.dns(t, e.m.daemon.String(), "x.wild.test", qtypeA, "udp"); got != "rcode 3 answers" {
+		t.Errorf("DNS x.wild.test (block over *): %q, want NXDOMAIN", got)
+	}
+
 	// IP/CIDR rules in bridge mode, on direct connections and through the
 	// proxy.
 	ips := attach(t, e.m, "ips", ModeBridge, Policy{

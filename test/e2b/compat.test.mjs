@@ -264,11 +264,6 @@ test('observation report reachable from the sandbox id (extension)', async () =>
 })
 
 test('routes agentjail does not support fail clearly, without hanging', async () => {
-  await assert.rejects(within(sbx.updateNetwork({ allowOut: ['example.com'] })), (e) => {
-    assert.ok(e instanceof SandboxError, e)
-    assert.match(e.message, /501|not support/)
-    return true
-  })
   await assert.rejects(within(Sandbox.create('base', { mcp: { exa: { apiKey: 'x' } } })), (e) => {
     assert.ok(e instanceof SandboxError, e)
     assert.match(e.message, /not supported/)

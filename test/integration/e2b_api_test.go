@@ -117,6 +117,7 @@ func TestE2BTenantsAndRoles(t *testing.T) {
 	for _, c := range []struct{ method, path string }{
 		{"GET", "/sandboxes/" + sb.SandboxID}, {"DELETE", "/sandboxes/" + sb.SandboxID},
 		{"POST", "/sandboxes/" + sb.SandboxID + "/pause"}, {"GET", "/sandboxes/" + sb.SandboxID + "/report"},
+		{"PUT", "/sandboxes/" + sb.SandboxID + "/network"},
 	} {
 		if r := e2bCall(t, d, b, c.method, c.path, nil); r.status != http.StatusNotFound {
 			t.Errorf("tenant b: %s %s: %s", c.method, c.path, r)
@@ -130,7 +131,7 @@ func TestE2BTenantsAndRoles(t *testing.T) {
 		t.Errorf("viewer get: %s", r)
 	}
 	for _, c := range []struct{ method, path string }{
-		{"DELETE", "/sandboxes/" + sb.SandboxID}, {"POST", "/v2/sandboxes"},
+		{"DELETE", "/sandboxes/" + sb.SandboxID}, {"POST", "/v2/sandboxes"}, {"PUT", "/sandboxes/" + sb.SandboxID + "/network"},
 	} {
 		if r := e2bCall(t, d, viewer, c.method, c.path, map[string]any{}); r.status != http.StatusForbidden {
 			t.Errorf("viewer %s %s: %s", c.method, c.path, r)
@@ -157,7 +158,11 @@ func TestE2BTenantsAndRoles(t *testing.T) {
 		{"GET", "/sandboxes/nosuchsandbox", nil, http.StatusNotFound},
 		{"POST", "/sandboxes/" + sb.SandboxID + "/fork", map[string]any{"count": 99}, http.StatusBadRequest},
 		{"POST", "/sandboxes/" + sb.SandboxID + "/timeout", map[string]any{}, http.StatusBadRequest},
-		{"PUT", "/sandboxes/" + sb.SandboxID + "/network", map[string]any{}, http.StatusNotImplemented},
+		{"PUT", "/sandboxes/" + sb.SandboxID + "/network", map[string]any{"denyOut": []string{"example.com"}}, http.StatusBadRequest},
+		{"PUT", "/sandboxes/" + sb.SandboxID + "/network", map[string]any{"allowOut": "example.com"}, http.StatusBadRequest},
+		{"POST", "/v2/sandboxes", map[string]any{"network": map[string]any{"allowOut": []string{"bad host!"}}}, http.StatusBadRequest},
+		{"POST", "/v2/sandboxes", map[string]any{"network": map[string]any{"egressProxy": map[string]any{"address": "p:1080"}}}, http.StatusNotImplemented},
+		{"POST", "/v2/sandboxes", map[string]any{"iam": map[string]any{"tokens": map[string]any{"aws": map[string]any{}}}}, http.StatusNotImplemented},
 	} {
 		r := e2bCall(t, d, a, c.method, c.path, c.body)
 		var body struct {
@@ -349,7 +354,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
 func TestE2BSandboxPorts(t *testing.T) {
 	d := shared(t)
 	key := e2bKey(t, d)
-	sb := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 120})
+	sb := e2bCreate(t, d, key, map[string]any{"templateID": "base", "timeout": 120,
+		"network": map[string]any{"maskRequestHost": "app-${PORT}.sandbox.test"}})
 	// The server outlives the stream that started it, as any command.
 	startDetached(t, d, sb, &process.StartRequest{Process: &process.ProcessConfig{Cmd: "python3", Args: []string{"-c", portEcho}}})
 
@@ -382,6 +388,9 @@ func TestE2BSandboxPorts(t *testing.T) {
 	}
 	if got.Path != "/hello?x=1" {
 		t.Errorf("the server saw path %q, want /hello?x=1", got.Path)
+	}
+	if h := got.Headers["host"]; h != "app-8000.sandbox.test" {
+		t.Errorf("the server saw Host %q, want the sandbox's maskRequestHost, app-8000.sandbox.test", h)
 	}
 	for _, h := range []string{"x-access-token", "authorization", "e2b-sandbox-id", "e2b-sandbox-port"} {
 		if v, ok := got.Headers[h]; ok {

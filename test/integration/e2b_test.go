@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -127,5 +129,39 @@ func TestE2BReadmeExample(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "Linux") {
 		t.Fatalf("the README's example: %v\n%s", err, out)
+	}
+}
+
+// TestE2BNetwork runs test/e2b/network.test.mjs: the SDK's network
+// options (allowInternetAccess, allowOut, denyOut, rules,
+// maskRequestHost, updateNetwork) against a daemon whose policy enforces
+// them, with a test server that allowed.test and other.test name. The
+// header a rule adds reaches the server, though the sandbox never held it.
+func TestE2BNetwork(t *testing.T) {
+	dir := e2bProject(t)
+	in := newTestInternet(t, "allowed.test", "other.test")
+	d := newDaemon(t, "--hosts-file", in.hosts)
+	key := e2bKey(t, d)
+	secret := "aj-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "network.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(e2bEnv(d, key), "AJ_TEST_INET="+in.addr, "AJ_TEST_SECRET="+secret)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test network.test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the E2B network scenario failed: %v", err)
+	}
+	if got := in.headers("allowed.test", "X-Injected"); !slices.Contains(got, secret) {
+		t.Errorf("the rule's header did not reach allowed.test: %q", got)
+	}
+	var left []map[string]any
+	r := d.api.do(t, "GET", "/e2b/v2/sandboxes", nil, "X-API-KEY", key)
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &left) != nil {
+		t.Fatalf("listing sandboxes: %s", r)
+	}
+	if len(left) != 0 {
+		t.Errorf("sandboxes left after the scenario (a refused create must make none): %v", left)
 	}
 }
