@@ -22,6 +22,7 @@ import (
 	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/audit"
 	"github.com/agentjail/agentjail/internal/backend/gvisor"
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/console"
 	"github.com/agentjail/agentjail/internal/e2b"
 	"github.com/agentjail/agentjail/internal/jail"
@@ -48,7 +49,7 @@ const maxWarmJails = 256
 const defaultWarmMax = 64
 
 func newServeCmd(g *globals) *cobra.Command {
-	var poolSize, toolsDir, secretsFile, mdnsIface string
+	var poolSize, toolsDir, secretsFile, mdnsIface, e2bDomain string
 	var mdnsOn bool
 	var lv levelFlags
 	var warmJails, warmMax int
@@ -103,7 +104,10 @@ when it stops.`,
 				}
 				opts.Hosts = hosts
 			}
-			do := daemonOptions{toolsDir: toolsDir, secretsFile: secretsFile, mdns: mdnsOn, mdnsIface: mdnsIface, metricsAddr: metricsAddr, otlpEndpoint: otlpEndpoint, kubeNode: kn}
+			if err := checkE2BDomain(e2bDomain); err != nil {
+				return usageError{fmt.Errorf("--e2b-domain: %w", err)}
+			}
+			do := daemonOptions{toolsDir: toolsDir, e2bDomain: e2bDomain, secretsFile: secretsFile, mdns: mdnsOn, mdnsIface: mdnsIface, metricsAddr: metricsAddr, otlpEndpoint: otlpEndpoint, kubeNode: kn}
 			if kn.name == "" && (kn.kubeconfig != "" || len(kn.args) > 0) {
 				return usageError{errors.New("--kubeconfig and --kube-node-arg go with --kube-node NAME")}
 			}
@@ -121,6 +125,7 @@ when it stops.`,
 	cmd.Flags().StringVar(&lv.runsc, "runsc", "", "runsc binary of the gvisor level (default "+gvisor.DefaultRunsc+", built by make gvisor)")
 	cmd.Flags().BoolVar(&lv.unsafeNone, "unsafe-none-level", false, "UNSAFE, development only: offer isolation level none, whose jails are unconfined processes of the daemon's user on the host")
 	cmd.Flags().StringSliceVar(&insecureRegistries, "insecure-registry", nil, "a registry (host:port) that image pulls may reach over plain HTTP (repeatable); credentials for others come from ~/.docker/config.json")
+	cmd.Flags().StringVar(&e2bDomain, "e2b-domain", "", "answer E2B's sandbox host names PORT-ID.DOMAIN (the SDK's getHost) for this domain, e.g. localhost:8082 or sandbox.example.com behind a wildcard DNS name; as on E2B a sandbox's ports are then public unless created with allowPublicTraffic: false (default: none, the SDK reaches ports by header)")
 	cmd.Flags().BoolVar(&mdnsOn, "mdns", false, "answer mDNS for JAIL.sandbox.local and PORT-JAIL.sandbox.local with this host's address, for previews from the LAN (listen with --addr 0.0.0.0:PORT)")
 	cmd.Flags().StringVar(&mdnsIface, "mdns-iface", "", "the interface mDNS answers on and whose address it gives (default: every interface)")
 	cmd.Flags().StringVar(&toolsDir, "tools-dir", "", "where agent CLIs are installed, one read-only tree per version shared by all jails (default DATA_DIR/tools)")
@@ -140,6 +145,20 @@ when it stops.`,
 	cmd.Flags().StringArrayVar(&kn.args, "kube-node-arg", nil, "with --kube-node: one more flag for agentjail-kube node, e.g. --kube-node-arg=--advertise-api=http://10.0.0.5:8082 (repeatable)")
 	cmd.Flags().StringVar(&net.prefix, "net-prefix", "", `prefix of the host interfaces and nftables table the daemon owns (default "aj"; remembered); a second daemon on one host needs its own prefix and subnet`)
 	return cmd
+}
+
+// checkE2BDomain checks serve --e2b-domain: a host name, with an
+// optional port ("" is none).
+func checkE2BDomain(d string) error {
+	if d == "" {
+		return nil
+	}
+	host := d
+	if h, _, err := net.SplitHostPort(d); err == nil {
+		host = h
+	}
+	_, err := config.NormalizeHost(host)
+	return err
 }
 
 // netFlags are serve's network options.
@@ -180,8 +199,10 @@ func readHostsFile(path string) (map[string][]netip.Addr, error) {
 // daemonOptions are serve's options beyond the jail manager's.
 type daemonOptions struct {
 	toolsDir, secretsFile string
-	mdns                  bool
-	mdnsIface             string
+	// e2bDomain, when set, is the domain of the E2B sandbox host names.
+	e2bDomain string
+	mdns      bool
+	mdnsIface string
 	// metricsAddr, when set, serves /metrics there without a credential.
 	metricsAddr string
 	// otlpEndpoint, when set, receives traces and event logs over OTLP.
@@ -286,7 +307,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	if err != nil {
 		return err
 	}
-	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog, Ports: previews})
+	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog, Ports: previews, Domain: do.e2bDomain})
 	if err != nil {
 		return err
 	}
@@ -321,7 +342,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 			agent = startKubeAgent(actx, do.kubeNode, do.kubeAgent, absData, bound, log)
 		}
 	}
-	err = listenAndServe(ctx, previews.Wrap(root), addr, dataDir, log, os.Stderr, started)
+	err = listenAndServe(ctx, e2bSvc.WrapHosts(previews.Wrap(root)), addr, dataDir, log, os.Stderr, started)
 	stopAgent()
 	if agent != nil {
 		agent.wait()

@@ -177,13 +177,23 @@ func (s *Service) sandboxJSON(sb *sandbox) map[string]any {
 	r := sb.snapshot()
 	return map[string]any{
 		"sandboxID": r.ID, "templateID": r.TemplateID, "clientID": "agentjail",
-		"envdVersion": envdVersion, "envdAccessToken": r.Token, "domain": nil, "trafficAccessToken": nil,
+		"envdVersion": envdVersion, "envdAccessToken": r.Token, "domain": s.domain(), "trafficAccessToken": nilIfEmpty(r.TrafficToken),
 	}
+}
+
+// domain is the sandboxes' domain as the SDK reads it (null: none).
+func (s *Service) domain() any { return nilIfEmpty(s.opts.Domain) }
+
+func nilIfEmpty(v string) any {
+	if v == "" {
+		return nil
+	}
+	return v
 }
 
 // detailJSON is the SandboxDetail of GET /sandboxes/{id} and the list,
 // with agentjail's extension: the jails the sandbox ran in.
-func detailJSON(r record) map[string]any {
+func (s *Service) detailJSON(r record) map[string]any {
 	meta := r.Metadata
 	if meta == nil {
 		meta = map[string]string{}
@@ -196,8 +206,8 @@ func detailJSON(r record) map[string]any {
 		"sandboxID": r.ID, "templateID": r.TemplateID, "clientID": "agentjail", "alias": r.TemplateID,
 		"metadata": meta, "envdVersion": envdVersion, "startedAt": r.StartedAt.Format(time.RFC3339Nano),
 		"endAt": r.EndAt.Format(time.RFC3339Nano), "state": state, "cpuCount": r.CPUCount, "memoryMB": r.MemoryMB,
-		"diskSizeMB": 0, "allowInternetAccess": r.Network != nil && r.Network.Internet,
-		"lifecycle": map[string]any{"onTimeout": map[bool]string{true: "pause", false: "kill"}[r.AutoPause], "autoResume": false},
+		"diskSizeMB": 0, "allowInternetAccess": r.Network != nil && r.Network.Internet, "domain": s.domain(),
+		"lifecycle": map[string]any{"onTimeout": map[bool]string{true: "pause", false: "kill"}[r.AutoPause], "autoResume": r.AutoResume},
 		"agentjail": map[string]any{"jailID": r.JailID, "jails": r.Jails},
 	}
 	if r.Network != nil {
@@ -208,16 +218,19 @@ func detailJSON(r record) map[string]any {
 
 // createBody is the body of POST /v2/sandboxes.
 type createBody struct {
-	TemplateID          string            `json:"templateID"`
-	Timeout             *int64            `json:"timeout"`
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	AutoPause           bool              `json:"autoPause"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             *networkBody      `json:"network"`
-	MCP                 json.RawMessage   `json:"mcp"`
-	IAM                 json.RawMessage   `json:"iam"`
-	Volumes             json.RawMessage   `json:"volumeMounts"`
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoPause  bool              `json:"autoPause"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+	Network             *networkBody    `json:"network"`
+	MCP                 json.RawMessage `json:"mcp"`
+	IAM                 json.RawMessage `json:"iam"`
+	Volumes             json.RawMessage `json:"volumeMounts"`
 }
 
 func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) error {
@@ -238,7 +251,11 @@ func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
-	spec := createSpec{template: b.TemplateID, timeout: timeout, metadata: b.Metadata, envVars: b.EnvVars, autoPause: b.AutoPause}
+	spec := createSpec{template: b.TemplateID, timeout: timeout, metadata: b.Metadata, envVars: b.EnvVars, autoPause: b.AutoPause,
+		autoResume: b.AutoResume != nil && b.AutoResume.Enabled}
+	if spec.autoResume && !spec.autoPause {
+		return errdefs.Invalidf("autoResume: a sandbox resumes only when it pauses at its timeout (autoPause)")
+	}
 	if b.AllowInternetAccess != nil || b.Network != nil {
 		if b.Network != nil && b.Network.AllowInternetAccess != nil {
 			return errdefs.Invalidf("network.allow_internet_access: give allow_internet_access beside network")
@@ -335,7 +352,7 @@ func (s *Service) listSandboxes(c caller, w http.ResponseWriter, r *http.Request
 			more = fmt.Sprintf("%d_%s", last.StartedAt.UnixNano(), last.ID)
 			break
 		}
-		out = append(out, detailJSON(rec))
+		out = append(out, s.detailJSON(rec))
 		last = rec
 	}
 	if more != "" {
@@ -361,7 +378,7 @@ func (s *Service) getSandbox(c caller, w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, detailJSON(sb.snapshot()))
+	writeJSON(w, http.StatusOK, s.detailJSON(sb.snapshot()))
 	return nil
 }
 

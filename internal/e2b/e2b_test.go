@@ -235,3 +235,35 @@ func TestNetworkOptions(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestHostTarget: PORT-ID.DOMAIN names a sandbox's port, whatever the
+// case, a trailing dot or the ports after the host and the domain.
+func TestHostTarget(t *testing.T) {
+	s := &Service{opts: Options{Domain: "Sandbox.Example:8082"}}
+	for _, c := range []struct {
+		host string
+		port int
+		id   string
+		ok   bool
+	}{
+		{"8000-abc.sandbox.example", 8000, "abc", true},
+		{"8000-abc.sandbox.example:8082", 8000, "abc", true},
+		{"49983-ABC.Sandbox.Example.", 49983, "abc", true},
+		{"sandbox.example", 0, "", false},
+		{"8000-abc.x.sandbox.example", 0, "", false},
+		{"0-abc.sandbox.example", 0, "", false},
+		{"70000-abc.sandbox.example", 0, "", false},
+		{"8000-.sandbox.example", 0, "", false},
+		{"abc.sandbox.example", 0, "", false},
+		{"8000-abc.sandbox.example.org", 0, "", false},
+		{"8000-abc.localhost", 0, "", false},
+	} {
+		port, id, ok := s.hostTarget(c.host)
+		if port != c.port || id != c.id || ok != c.ok {
+			t.Errorf("%s: %d %q %v, want %d %q %v", c.host, port, id, ok, c.port, c.id, c.ok)
+		}
+	}
+	if _, _, ok := (&Service{}).hostTarget("8000-abc.localhost"); ok {
+		t.Error("a daemon without a domain claims a host")
+	}
+}

@@ -58,9 +58,8 @@ func (s *Service) envdHandler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("E2b-Sandbox-Id")
-		sb := s.sandboxByID(id)
-		if sb == nil || sb.snapshot().State != stateRunning {
-			writeJSON(w, http.StatusBadGateway, map[string]any{"message": "The sandbox was not found", "sandboxId": id, "code": http.StatusBadGateway})
+		sb := s.runningSandbox(w, r, id)
+		if sb == nil {
 			return
 		}
 		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" && p != envdPort {
@@ -86,28 +85,61 @@ func (s *Service) forwardPort(w http.ResponseWriter, r *http.Request, sb *sandbo
 		writeAPIError(w, http.StatusBadRequest, "E2b-Sandbox-Port: "+strconv.Quote(p)+" is not a port (1-65535)")
 		return
 	}
+	if !tokenOK(r.Header.Get("X-Access-Token"), sb) {
+		writeAPIError(w, http.StatusUnauthorized, "missing or invalid X-Access-Token for sandbox "+sb.snapshot().ID)
+		return
+	}
+	s.toPort(w, r, sb, port)
+}
+
+// toPort serves an authorized request from port of sandbox sb. The
+// credentials and routing headers are removed; the Host header is the
+// sandbox's maskRequestHost, if it has one.
+func (s *Service) toPort(w http.ResponseWriter, r *http.Request, sb *sandbox, port int) {
 	if s.opts.Ports == nil {
-		writeAPIError(w, http.StatusNotImplemented, "this daemon does not forward sandbox ports (E2b-Sandbox-Port "+p+")")
+		writeAPIError(w, http.StatusNotImplemented, "this daemon does not forward sandbox ports (port "+strconv.Itoa(port)+")")
 		return
 	}
 	rec := sb.snapshot()
-	if !tokenOK(r.Header.Get("X-Access-Token"), sb) {
-		writeAPIError(w, http.StatusUnauthorized, "missing or invalid X-Access-Token for sandbox "+rec.ID)
-		return
-	}
 	j, err := s.jails.Get(r.Context(), rec.JailID)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	out := r.Clone(r.Context())
-	for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", "E2b-Traffic-Access-Token"} {
+	for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", trafficTokenHeader} {
 		out.Header.Del(h)
 	}
 	if h := rec.Network.requestHost(port); h != "" {
 		out.Host = h
 	}
 	s.opts.Ports.Forward(w, out, j, port)
+}
+
+// runningSandbox returns the running sandbox id for request r, resuming
+// it first when it is paused and was created with autoResume; else it
+// answers 502 as E2B's edge does and returns nil.
+func (s *Service) runningSandbox(w http.ResponseWriter, r *http.Request, id string) *sandbox {
+	sb := s.sandboxByID(id)
+	if sb != nil {
+		rec := sb.snapshot()
+		if rec.State == statePaused && rec.AutoResume {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), opTimeout)
+			err := s.resume(ctx, sb, rec.resumeTimeout())
+			cancel()
+			if err != nil {
+				s.log.Error("resuming an e2b sandbox on a request", "sandbox", id, "err", err)
+				s.writeError(w, r, err)
+				return nil
+			}
+			s.log.Info("e2b sandbox resumed by a request", "sandbox", id)
+		}
+	}
+	if sb == nil || sb.snapshot().State != stateRunning {
+		writeJSON(w, http.StatusBadGateway, map[string]any{"message": "The sandbox was not found", "sandboxId": id, "code": http.StatusBadGateway})
+		return nil
+	}
+	return sb
 }
 
 func tokenOK(tok string, sb *sandbox) bool {

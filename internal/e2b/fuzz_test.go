@@ -97,6 +97,8 @@ func FuzzControlPlane(f *testing.F) {
 		{0, "", `{"allow_internet_access":true,"network":{"allowOut":["a.example","10.0.0.0/8"],"denyOut":["0.0.0.0/0"],"rules":{"a.example":[{"transform":{"headers":{"X-A":"b"}}}]},"maskRequestHost":"${PORT}.x"}}`},
 		{14, "", `{"allowOut":["a.example"],"denyOut":["0.0.0.0/0"],"allow_internet_access":false}`},
 		{14, "", `{"denyOut":["a.example"]}`},
+		{0, "", `{"autoPause":true,"autoResume":{"enabled":true}}`},
+		{0, "", `{"autoResume":{"enabled":true}}`},
 	} {
 		f.Add(s.route, s.query, []byte(s.body))
 	}

@@ -149,7 +149,8 @@ func parseNetwork(internet *bool, b *networkBody) (*netSettings, []config.Creden
 	return n, creds, nil
 }
 
-// policy is the jail network section of n, in mode.
+// policy is the jail network section of n, in mode (bridge, so that
+// allowed addresses are reached directly too).
 func (n *netSettings) policy(mode string, creds []config.Credential) config.Network {
 	rule := func(d string) config.EgressRule { return config.EgressRule{Destination: d} }
 	net := config.Network{Mode: mode, Credentials: creds}
@@ -208,6 +209,12 @@ func nonNil(s []string) []string {
 	return s
 }
 
+// private reports whether the sandbox's ports need its traffic access
+// token (allowPublicTraffic: false).
+func (n *netSettings) private() bool {
+	return n != nil && n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic
+}
+
 // requestHost is the Host header a request for port of a sandbox with
 // settings n carries ("" leaves the client's).
 func (n *netSettings) requestHost(port int) string {
@@ -244,11 +251,7 @@ func (s *Service) putNetwork(c caller, w http.ResponseWriter, r *http.Request) e
 	if old := rec.Network; old != nil {
 		n.AllowPublicTraffic, n.MaskRequestHost = old.AllowPublicTraffic, old.MaskRequestHost
 	}
-	j, err := s.jails.Get(r.Context(), rec.JailID)
-	if err != nil {
-		return err
-	}
-	if _, err := s.jails.UpdateNetwork(r.Context(), rec.JailID, n.policy(j.Config.Isolation.Network.Mode, creds)); err != nil {
+	if _, err := s.jails.UpdateNetwork(r.Context(), rec.JailID, n.policy(config.NetBridge, creds)); err != nil {
 		return err
 	}
 	sb.mu.Lock()

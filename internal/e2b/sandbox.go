@@ -46,7 +46,10 @@ type record struct {
 	EnvVars    map[string]string `json:"env_vars,omitempty"`
 	// Token is the sandbox plane's access token (envdAccessToken).
 	Token string `json:"token"`
-	State string `json:"state"`
+	// TrafficToken, for a sandbox whose ports are not public, is what a
+	// request to them by host name carries (trafficAccessToken).
+	TrafficToken string `json:"traffic_token,omitempty"`
+	State        string `json:"state"`
 	// JailID is the jail the sandbox runs in (the last one while paused).
 	JailID string `json:"jail_id"`
 	// Jails are every jail the sandbox ran in, oldest first.
@@ -56,14 +59,28 @@ type record struct {
 	StartedAt     time.Time `json:"started_at"`
 	EndAt         time.Time `json:"end_at"`
 	AutoPause     bool      `json:"auto_pause,omitempty"`
-	CPUCount      int       `json:"cpu_count"`
-	MemoryMB      int       `json:"memory_mb"`
+	// AutoResume resumes the paused sandbox when a request reaches its
+	// sandbox plane or its ports, for Timeout.
+	AutoResume bool `json:"auto_resume,omitempty"`
+	// Timeout is the lifetime the sandbox was created with.
+	Timeout  time.Duration `json:"timeout,omitempty"`
+	CPUCount int           `json:"cpu_count"`
+	MemoryMB int           `json:"memory_mb"`
 	// Network holds the E2B network options the sandbox was given (nil:
 	// none, the daemon's default policy).
 	Network *netSettings `json:"network,omitempty"`
 	// Procs describes the processes started through the sandbox plane, by
 	// pid (for Process/List and tag selectors).
 	Procs map[uint32]procMeta `json:"procs,omitempty"`
+}
+
+// resumeTimeout is the lifetime a sandbox resumed by a request gets: the
+// one it was created with.
+func (r record) resumeTimeout() time.Duration {
+	if r.Timeout > 0 {
+		return r.Timeout
+	}
+	return defaultTimeout
 }
 
 // procMeta is how a process was started.
@@ -334,6 +351,8 @@ type createSpec struct {
 	metadata  map[string]string
 	envVars   map[string]string
 	autoPause bool
+	// autoResume resumes a paused sandbox on traffic (with autoPause).
+	autoResume bool
 	// network and creds are the E2B network options (nil: none).
 	network *netSettings
 	creds   []config.Credential
@@ -348,7 +367,7 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		// A snapshot made by createSnapshot: its files and processes.
 		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
 		if err == nil && spec.network != nil {
-			if _, err = s.jails.UpdateNetwork(ctx, j.ID, spec.network.policy(j.Config.Isolation.Network.Mode, spec.creds)); err != nil {
+			if _, err = s.jails.UpdateNetwork(ctx, j.ID, spec.network.policy(config.NetBridge, spec.creds)); err != nil {
 				if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
 					s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
 				}
@@ -358,9 +377,9 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	} else {
 		cfg := templateConfig(spec.template)
 		cfg.Env = spec.envVars
-		// Bridge mode, so that an update may allow direct connections
-		// too; with no rule it allows nothing.
-		cfg.Isolation.Network.Mode = config.NetBridge
+		// Without network options the jail is of the daemon's default
+		// configuration (a ready one is taken); an update moves it to
+		// bridge mode.
 		if spec.network != nil {
 			cfg.Isolation.Network = spec.network.policy(config.NetBridge, spec.creds)
 		}
@@ -377,7 +396,11 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		ID: id, TemplateID: spec.template, Tenant: c.key.Tenant, KeyID: c.key.ID,
 		Metadata: spec.metadata, EnvVars: spec.envVars, Token: newToken(), State: stateRunning,
 		JailID: j.ID, Jails: []string{j.ID}, StartedAt: now, EndAt: now.Add(spec.timeout), AutoPause: spec.autoPause,
+		AutoResume: spec.autoResume, Timeout: spec.timeout,
 		CPUCount: cpuCount(j), MemoryMB: int(j.Config.Isolation.Resources.MemoryBytes >> 20), Network: spec.network,
+	}
+	if spec.network.private() {
+		r.TrafficToken = newToken()
 	}
 	if r.TemplateID == "" {
 		r.TemplateID = defaultTemplate
@@ -646,6 +669,9 @@ func (s *Service) fork(ctx context.Context, c caller, sb *sandbox, count int, ti
 		now := time.Now().UTC()
 		fr := r
 		fr.ID, fr.Token, fr.State, fr.JailID, fr.Jails, fr.PauseSnapshot = id, newToken(), stateRunning, j.ID, []string{j.ID}, ""
+		if fr.TrafficToken != "" {
+			fr.TrafficToken = newToken()
+		}
 		fr.Tenant, fr.KeyID, fr.StartedAt, fr.EndAt = c.key.Tenant, c.key.ID, now, now.Add(timeout)
 		fr.Procs = map[uint32]procMeta{}
 		for pid, m := range r.Procs {

@@ -94,6 +94,9 @@ type Options struct {
 	// Ports serves requests for a sandbox's own ports (E2b-Sandbox-Port
 	// other than envd's); nil answers them 501.
 	Ports Ports
+	// Domain, when set, is the domain of the sandbox host names the daemon
+	// answers (WrapHosts), returned to the SDK as the sandboxes' domain.
+	Domain string
 }
 
 // Ports forwards requests to ports of jails.

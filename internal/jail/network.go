@@ -41,7 +41,8 @@ func (r hostsResolver) LookupNetIP(ctx context.Context, network, host string) ([
 }
 
 // UpdateNetwork replaces a jail's network policy. A running jail obeys it
-// for new connections at once. The mode cannot change while it runs.
+// for new connections at once. While it runs, its mode may move between
+// isolated and bridge only.
 func (m *Manager) UpdateNetwork(ctx context.Context, ref string, n config.Network) (*model.Jail, error) {
 	e, err := m.lookup(ctx, ref)
 	if err != nil {
@@ -53,8 +54,9 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, n config.Networ
 	if n.Mode == "" {
 		n.Mode = j.Config.Isolation.Network.Mode
 	}
-	if n.Mode != j.Config.Isolation.Network.Mode && j.Status == model.StateRunning {
-		return nil, errdefs.Conflictf("network.mode: jail %s runs with mode %q; stop it to change the mode", j.Name, j.Config.Isolation.Network.Mode)
+	if cur := j.Config.Isolation.Network.Mode; n.Mode != cur && j.Status == model.StateRunning && !(attached(cur) && attached(n.Mode)) {
+		return nil, errdefs.Conflictf("network.mode: jail %s runs with mode %q; a running jail moves between %q and %q only: stop it to change the mode",
+			j.Name, cur, config.NetIsolated, config.NetBridge)
 	}
 	m.applyRegistryCache(&n)
 	cfg := j.Config
@@ -73,6 +75,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, ref string, n config.Networ
 	m.setState(e, func(j *model.Jail) { j.Config = cfg })
 	return e.view(), nil
 }
+
+// attached reports whether a jail of network mode mode has its own
+// interface and policy (isolated or bridge), between which a running jail
+// may move.
+func attached(mode string) bool { return mode == config.NetIsolated || mode == config.NetBridge }
 
 // eventFiles maps EventLog's stream names to files under events/.
 var eventFiles = map[string]string{

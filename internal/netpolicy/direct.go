@@ -155,14 +155,14 @@ const ruleDNS = "dns"
 // name is in the sets since the table was last built (which used every
 // learned address): its answer only extends its lifetime.
 func (m *Manager) learn(js *jailState, name string, addrs []netip.Addr) {
-	if js.mode != ModeBridge || len(addrs) == 0 {
+	if len(addrs) == 0 {
 		return
 	}
 	extra := m.extraProtected()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.jails[js.id] != js {
-		return // detached meanwhile
+	if m.jails[js.id] != js || js.mode != ModeBridge {
+		return // detached meanwhile, or not in bridge mode
 	}
 	now := m.now()
 	if js.learned == nil {

@@ -135,3 +135,44 @@ except OSError as e:
 		t.Errorf("direct connection in isolated mode: %s, want refused", got)
 	}
 }
+
+// TestUpdateMode: an attached jail moves between isolated and bridge mode
+// while it runs: direct connections its policy allows pass in bridge mode
+// only, a name it resolves after the move is reachable directly, and a
+// mode without an interface of its own is refused, changing nothing.
+func TestUpdateMode(t *testing.T) {
+	e := setup(t)
+	p := basePolicy()
+	p.Allow = []Rule{{Destination: inetA.String(), Ports: []int{7}}, {Destination: "other.test", Ports: []int{7}}}
+	j := attach(t, e.m, "moves", ModeIsolated, p)
+	if got := j.connect(t, inetA.String(), 7); got != "refused" {
+		t.Fatalf("isolated: a direct connection: %s, want refused", got)
+	}
+	ctx := context.Background()
+	if err := e.m.UpdateMode(ctx, j.id, ModeBridge, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.connect(t, inetA.String(), 7); got != "connected ping" {
+		t.Errorf("moved to bridge: a direct connection the policy allows: %s", got)
+	}
+	if got := j.resolve(t, "other.test"); got != inetB.String() {
+		t.Fatalf("other.test resolves to %s", got)
+	}
+	if got := j.connect(t, inetB.String(), 7); got != "connected ping" {
+		t.Errorf("moved to bridge: a name resolved since: %s", got)
+	}
+	for _, bad := range []string{ModeNone, ModeHost, "wide"} {
+		if err := e.m.UpdateMode(ctx, j.id, bad, p); err == nil {
+			t.Errorf("mode %q: no error", bad)
+		}
+	}
+	if got := j.connect(t, inetA.String(), 7); got != "connected ping" {
+		t.Errorf("after refused moves, still bridge: %s", got)
+	}
+	if err := e.m.UpdateMode(ctx, j.id, ModeIsolated, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.connect(t, inetA.String(), 7); got != "refused" {
+		t.Errorf("moved back to isolated: a direct connection: %s, want refused", got)
+	}
+}

@@ -172,6 +172,7 @@ var defaultPorts = servicePorts{DNS: 53, HTTP: 15001, TLS: 15002, Proxy: 3128, S
 
 // jailState is one attached jail.
 type jailState struct {
+	// mode changes (UpdateMode) with the manager's mu held.
 	id, name, mode string
 	veth           string
 	ip             netip.Addr
@@ -618,6 +619,17 @@ func (m *Manager) unplumb(js *jailState) {
 // it at once; the rate-limit budgets carry over when the limits are
 // unchanged.
 func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
+	return m.UpdateMode(ctx, jailID, "", p)
+}
+
+// UpdateMode is Update that also moves the jail to mode, ModeIsolated or
+// ModeBridge ("" keeps its mode): its kernel objects change in the same
+// transaction. A jail moved to bridge mode connects directly to a name it
+// resolves from then on.
+func (m *Manager) UpdateMode(ctx context.Context, jailID, mode string, p Policy) error {
+	if mode != "" && mode != ModeIsolated && mode != ModeBridge {
+		return errdefs.Invalidf("jail %s network mode %q: an attached jail moves between %s and %s only", jailID, mode, ModeIsolated, ModeBridge)
+	}
 	cp, err := compile(p)
 	if err != nil {
 		return fmt.Errorf("jail %s network policy: %w", jailID, err)
@@ -628,9 +640,14 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 	if !ok {
 		return errdefs.NotFoundf("jail %s: no network attached", jailID)
 	}
-	if err := ensureForwarding(js.mode, cp); err != nil {
+	oldMode := js.mode
+	if mode == "" {
+		mode = oldMode
+	}
+	if err := ensureForwarding(mode, cp); err != nil {
 		return fmt.Errorf("jail %s network policy: %w", jailID, err)
 	}
+	js.mode = mode
 	js.mu.Lock()
 	old := js.policy
 	js.policy = cp
@@ -643,6 +660,7 @@ func (m *Manager) Update(ctx context.Context, jailID string, p Policy) error {
 	}
 	js.mu.Unlock()
 	if err := m.syncLocked(jailID); err != nil {
+		js.mode = oldMode
 		js.mu.Lock()
 		js.policy = old
 		js.mu.Unlock()

@@ -218,6 +218,29 @@ test('pause and resume keep files and processes', async () => {
   assert.equal(await sbx.commands.kill(bg.pid), true)
 })
 
+test('autoResume: a request to a paused sandbox resumes it', async () => {
+  const s = await Sandbox.create('base', { timeoutMs: 60_000, metadata: { suite: 'e2b-compat-resume', run: meta.run }, lifecycle: { onTimeout: 'pause', autoResume: true } })
+  try {
+    await s.files.write('/tmp/resume.txt', 'still here\n')
+    assert.deepEqual((await s.getInfo()).lifecycle, { onTimeout: 'pause', autoResume: true })
+    assert.equal(await s.pause(), true)
+    assert.equal((await s.getInfo()).state, 'paused')
+    assert.equal(await within(s.files.read('/tmp/resume.txt'), 60000), 'still here\n')
+    assert.equal((await s.getInfo()).state, 'running')
+    const detail = await (await fetch(`${process.env.E2B_API_URL}/sandboxes/${s.sandboxId}`, { headers: { 'X-API-KEY': process.env.E2B_API_KEY } })).json()
+    assert.equal(detail.agentjail.jails.length, 2, 'the read restored the pause snapshot as the next jail')
+  } finally {
+    await s.kill()
+  }
+  // autoResume without pausing at the timeout is refused by the SDK; the
+  // API refuses it too.
+  const r = await fetch(`${process.env.E2B_API_URL}/v2/sandboxes`, {
+    method: 'POST', headers: { 'X-API-KEY': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ templateID: 'base', autoResume: { enabled: true } }),
+  })
+  assert.equal(r.status, 400)
+})
+
 test('fork: branch a running sandbox two ways (extension)', async () => {
   const src = await Sandbox.create('base', { timeoutMs: 60_000, metadata: { suite: 'e2b-compat-fork', run: meta.run } })
   try {

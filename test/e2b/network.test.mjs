@@ -9,6 +9,7 @@
 // daemon may add. The steps run in order.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
+import http from 'node:http'
 import { Sandbox, SandboxError, SandboxNotFoundError, ALL_TRAFFIC } from 'e2b'
 
 const inet = process.env.AJ_TEST_INET
@@ -53,6 +54,36 @@ async function netEvents(s) {
     { headers: { 'X-API-KEY': process.env.E2B_API_KEY } })
   assert.equal(r.status, 200)
   return (await r.text()).trim().split('\n').filter(Boolean).map((l) => JSON.parse(l))
+}
+
+// byHost sends a GET for path to the daemon with Host host, as a browser
+// that resolves the sandbox host names to the daemon would: [status, body].
+function byHost(host, path, headers = {}) {
+  const daemon = new URL(process.env.E2B_API_URL)
+  return new Promise((resolve, reject) => {
+    const req = http.get({ host: daemon.hostname, port: daemon.port, path, headers: { ...headers, Host: host } }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (c) => { body += c })
+      res.on('end', () => resolve([res.statusCode, body]))
+    })
+    req.on('error', reject)
+    req.setTimeout(15000, () => req.destroy(new Error('no answer within 15 s')))
+  })
+}
+
+// serve starts a web server on port 8000 of s serving a file, and waits
+// until it answers through host.
+async function serve(s, host, headers) {
+  await s.files.write('/tmp/www/hello.txt', `hello from ${s.sandboxId}`)
+  await s.commands.run('cd /tmp/www && exec python3 -m http.server 8000 --bind 127.0.0.1', { background: true })
+  const end = Date.now() + 20000
+  for (;;) {
+    const [status] = await byHost(host, '/hello.txt', headers)
+    if (status === 200) return
+    if (Date.now() > end) assert.fail(`the server in ${s.sandboxId} did not answer through ${host}: ${status}`)
+    await new Promise((r) => setTimeout(r, 100))
+  }
 }
 
 let open, listed, none
@@ -117,6 +148,26 @@ test('updateNetwork replaces the egress options of a running sandbox at once', a
   // A sandbox made without options allows direct connections once updated.
   await none.updateNetwork({ allowOut: [inet] })
   assert.equal(await echo(none), 'ping')
+})
+
+test('getHost: the daemon answers the sandbox host names; a private sandbox needs its traffic token', async () => {
+  const host = open.getHost(8000)
+  assert.equal(host, `8000-${open.sandboxId}.sandbox.test`)
+  await serve(open, host)
+  assert.deepEqual(await byHost(host, '/hello.txt'), [200, `hello from ${open.sandboxId}`])
+  // The sandbox plane answers its own host name (the SDK's sandbox URL
+  // when E2B_SANDBOX_URL is not set).
+  const envd = await byHost(open.getHost(49983), '/files?path=/tmp/www/hello.txt', { 'X-Access-Token': open.envdAccessToken })
+  assert.deepEqual(envd, [200, `hello from ${open.sandboxId}`])
+  assert.equal((await byHost(`8000-nosuchsandbox.sandbox.test`, '/'))[0], 502)
+
+  const priv = await create({ network: { allowPublicTraffic: false } })
+  assert.match(priv.trafficAccessToken, /^[0-9a-f]{48}$/)
+  const ph = priv.getHost(8000)
+  await serve(priv, ph, { 'E2b-Traffic-Access-Token': priv.trafficAccessToken })
+  assert.equal((await byHost(ph, '/hello.txt'))[0], 403)
+  assert.equal((await byHost(ph, '/hello.txt', { 'E2b-Traffic-Access-Token': open.envdAccessToken }))[0], 403)
+  assert.equal((await priv.getInfo()).network.allowPublicTraffic, false)
 })
 
 test('options agentjail cannot honour, and bad entries, fail clearly', async () => {

@@ -135,12 +135,14 @@ func TestE2BReadmeExample(t *testing.T) {
 // TestE2BNetwork runs test/e2b/network.test.mjs: the SDK's network
 // options (allowInternetAccess, allowOut, denyOut, rules,
 // maskRequestHost, updateNetwork) against a daemon whose policy enforces
-// them, with a test server that allowed.test and other.test name. The
-// header a rule adds reaches the server, though the sandbox never held it.
+// them, with a test server that allowed.test and other.test name, and
+// the sandbox host names getHost returns (--e2b-domain), public and
+// private. The header a rule adds reaches the server, though the sandbox
+// never held it.
 func TestE2BNetwork(t *testing.T) {
 	dir := e2bProject(t)
 	in := newTestInternet(t, "allowed.test", "other.test")
-	d := newDaemon(t, "--hosts-file", in.hosts)
+	d := newDaemon(t, "--hosts-file", in.hosts, "--e2b-domain", "sandbox.test")
 	key := e2bKey(t, d)
 	secret := "aj-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -262,6 +262,7 @@ func TestNetworkPolicyThroughDaemon(t *testing.T) {
 	}{
 		{map[string]any{"mode": "isolated", "bogus": 1}, "bogus"},
 		{map[string]any{"mode": "host"}, "mode"},
+		{map[string]any{"mode": "none"}, "mode"},
 		{map[string]any{"mode": "isolated", "allowed_egress": []map[string]any{{"destination": "bad name!"}}}, "allowed_egress[0].destination"},
 		{map[string]any{"mode": "isolated", "limits": map[string]any{"requests_per_minute": -1}}, "limits.requests_per_minute"},
 	} {

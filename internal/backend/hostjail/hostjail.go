@@ -121,9 +121,15 @@ func (n *Network) Interface(id string) string {
 	return ""
 }
 
-// Update applies inst.Config's network policy to the attached jail.
+// Update applies inst.Config's network policy, and its mode when that is
+// isolated or bridge, to the attached jail.
 func (n *Network) Update(ctx context.Context, inst backend.Instance) error {
-	return n.Net.Update(ctx, inst.ID, netpolicy.FromConfig(inst.Name, inst.Config.Isolation.Network))
+	cfg := inst.Config.Isolation.Network
+	mode := ""
+	if cfg.Mode == config.NetIsolated || cfg.Mode == config.NetBridge {
+		mode = cfg.Mode
+	}
+	return n.Net.UpdateMode(ctx, inst.ID, mode, netpolicy.FromConfig(inst.Name, cfg))
 }
 
 // Rename gives the attached jail its new name on the network (nothing in
