@@ -10,7 +10,8 @@ import (
 )
 
 // network: each mode the level declares keeps the jail to what its policy
-// allows, and a policy update takes effect for the next connection.
+// allows, a policy update takes effect for the next connection, and a
+// running jail moves between isolated and bridge mode.
 func (h *harness) network(t *testing.T) {
 	for _, mode := range []string{config.NetNone, config.NetIsolated, config.NetBridge} {
 		t.Run(mode, func(t *testing.T) {
@@ -57,6 +58,26 @@ func (h *harness) network(t *testing.T) {
 			}
 			if got := h.curl(t, j.ID, h.Internet.Other); got == "200" {
 				t.Errorf("%s still answers after the policy revoked it", h.Internet.Other)
+			}
+			if mode != config.NetIsolated || !has(h.caps.NetworkModes, config.NetBridge) {
+				return
+			}
+			// The running jail moves to bridge mode, where its policy
+			// allows direct connections, and back.
+			n.Mode = config.NetBridge
+			n.AllowedEgress = append(n.AllowedEgress, config.EgressRule{Destination: h.Internet.Addr, Ports: []int{7}})
+			if _, err := h.Client.UpdateNetwork(callCtx(t), j.ID, n); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.directConnect(t, j.ID); !strings.HasPrefix(got, "connected") {
+				t.Errorf("a direct connection the policy allows, after the move to bridge mode: %s", got)
+			}
+			n.Mode = config.NetIsolated
+			if _, err := h.Client.UpdateNetwork(callCtx(t), j.ID, n); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.directConnect(t, j.ID); got != "refused" {
+				t.Errorf("a direct connection after the move back to isolated mode: %s", got)
 			}
 		})
 	}
