@@ -223,7 +223,10 @@ type createBody struct {
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
 	AutoPause  bool              `json:"autoPause"`
-	AutoResume *struct {
+	// AutoPauseMemory false makes the pause at the timeout keep the
+	// files only.
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+	AutoResume      *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
@@ -252,7 +255,10 @@ func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) 
 		return err
 	}
 	spec := createSpec{template: b.TemplateID, timeout: timeout, metadata: b.Metadata, envVars: b.EnvVars, autoPause: b.AutoPause,
-		autoResume: b.AutoResume != nil && b.AutoResume.Enabled}
+		autoResume: b.AutoResume != nil && b.AutoResume.Enabled, pauseFilesOnly: b.AutoPauseMemory != nil && !*b.AutoPauseMemory}
+	if spec.pauseFilesOnly && !spec.autoPause {
+		return errdefs.Invalidf("autoPauseMemory: applies to the pause at the timeout (autoPause)")
+	}
 	if spec.autoResume && !spec.autoPause {
 		return errdefs.Invalidf("autoResume: a sandbox resumes only when it pauses at its timeout (autoPause)")
 	}
@@ -422,13 +428,20 @@ func (s *Service) postTimeout(c caller, w http.ResponseWriter, r *http.Request) 
 }
 
 func (s *Service) postPause(c caller, w http.ResponseWriter, r *http.Request) error {
+	var b struct {
+		// Memory false pauses the files only (the SDK's keepMemory).
+		Memory *bool `json:"memory"`
+	}
+	if err := decode(r, &b); err != nil {
+		return err
+	}
 	sb, err := s.lookup(c, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), opTimeout)
 	defer cancel()
-	if err := s.pause(ctx, sb); err != nil {
+	if err := s.pause(ctx, sb, b.Memory == nil || *b.Memory); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -440,6 +453,9 @@ func (s *Service) postPause(c caller, w http.ResponseWriter, r *http.Request) er
 func (s *Service) postConnect(c caller, w http.ResponseWriter, r *http.Request) error {
 	var b struct {
 		Timeout *int64 `json:"timeout"`
+		// Memory false asks for a fresh start from the files (the SDK's
+		// onResume: 'reboot').
+		Memory *bool `json:"memory"`
 	}
 	if err := decode(r, &b); err != nil {
 		return err
@@ -453,7 +469,10 @@ func (s *Service) postConnect(c caller, w http.ResponseWriter, r *http.Request) 
 		return err
 	}
 	status := http.StatusOK
-	if sb.snapshot().State == statePaused {
+	if rec := sb.snapshot(); rec.State == statePaused {
+		if b.Memory != nil && !*b.Memory && !rec.PausedFilesOnly {
+			return errdefs.NotImplementedf("memory: false: agentjail resumes a sandbox paused with its memory with its processes; pause it with keepMemory: false for a fresh start")
+		}
 		status = http.StatusCreated
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), opTimeout)

@@ -172,9 +172,7 @@ func TestNetworkOptions(t *testing.T) {
 	yes := true
 	n, creds, err := parseNetwork(&yes, &networkBody{
 		AllowOut: []string{"api.example.com", allTraffic}, DenyOut: []string{"10.0.0.0/8", allTraffic},
-		Rules: map[string][]networkRule{"api.example.com": {{Transform: &struct {
-			Headers map[string]string `json:"headers"`
-		}{Headers: map[string]string{"Authorization": "Bearer x"}}}}},
+		Rules: map[string][]networkRule{"api.example.com": {{Transform: &transform{Headers: map[string]string{"Authorization": "Bearer x"}}}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -221,11 +219,11 @@ func TestNetworkOptions(t *testing.T) {
 		{"too many entries", networkBody{DenyOut: long}, errdefs.ErrInvalid, "at most 256"},
 		{"a rule for an address", networkBody{Rules: map[string][]networkRule{"10.0.0.1/32": nil}}, errdefs.ErrInvalid, "rules"},
 		{"a mask with a path", networkBody{MaskRequestHost: ptr("a.example/x")}, errdefs.ErrInvalid, "maskRequestHost"},
+		{"a bad header name", networkBody{Rules: map[string][]networkRule{"a.example": {{Transform: &transform{Headers: map[string]string{"X Bad": "v"}}}}}}, errdefs.ErrInvalid, "header name"},
+		{"a header value with a line break", networkBody{Rules: map[string][]networkRule{"a.example": {{Transform: &transform{Headers: map[string]string{"X-A": "v\r\nX-B: w"}}}}}}, errdefs.ErrInvalid, "header name"},
 		{"an egress proxy", networkBody{EgressProxy: json.RawMessage(`{"address":"p:1080"}`)}, errdefs.ErrNotImplemented, "egressProxy"},
 		{"https ports", networkBody{HTTPSPorts: []int{443}}, errdefs.ErrNotImplemented, "httpsPorts"},
-		{"an identity token", networkBody{Rules: map[string][]networkRule{"a.example": {{Transform: &struct {
-			Headers map[string]string `json:"headers"`
-		}{Headers: map[string]string{"Authorization": "Bearer ${e2b.identity.tokens.aws}"}}}}}}, errdefs.ErrNotImplemented, "iam"},
+		{"an identity token", networkBody{Rules: map[string][]networkRule{"a.example": {{Transform: &transform{Headers: map[string]string{"Authorization": "Bearer ${e2b.identity.tokens.aws}"}}}}}}, errdefs.ErrNotImplemented, "iam"},
 	} {
 		_, _, err := parseNetwork(nil, &c.body)
 		if !errors.Is(err, c.kind) || !strings.Contains(fmt.Sprint(err), c.msg) {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 )
@@ -62,9 +64,12 @@ type networkBody struct {
 
 // networkRule is one transform of a host's requests.
 type networkRule struct {
-	Transform *struct {
-		Headers map[string]string `json:"headers"`
-	} `json:"transform"`
+	Transform *transform `json:"transform"`
+}
+
+// transform is what a rule does to a request: headers to set.
+type transform struct {
+	Headers map[string]string `json:"headers"`
 }
 
 // maxNetworkEntries bounds each list of a network body.
@@ -129,6 +134,9 @@ func parseNetwork(internet *bool, b *networkBody) (*netSettings, []config.Creden
 				v := r.Transform.Headers[name]
 				if strings.Contains(v, "${e2b.") {
 					return nil, nil, errdefs.NotImplementedf("network.rules[%q]: workload identity tokens (iam) are not supported by agentjail", host)
+				}
+				if !httpguts.ValidHeaderFieldName(name) || !httpguts.ValidHeaderFieldValue(v) {
+					return nil, nil, errdefs.Invalidf("network.rules[%q]: %q is not a header name with a valid value", host, name)
 				}
 				creds = append(creds, config.Credential{Host: host, Header: name, Value: v})
 				if n.Rules == nil {

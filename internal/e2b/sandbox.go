@@ -59,6 +59,11 @@ type record struct {
 	StartedAt     time.Time `json:"started_at"`
 	EndAt         time.Time `json:"end_at"`
 	AutoPause     bool      `json:"auto_pause,omitempty"`
+	// PauseFilesOnly makes the pause at the timeout keep the files only
+	// (autoPauseMemory: false).
+	PauseFilesOnly bool `json:"pause_files_only,omitempty"`
+	// PausedFilesOnly: the paused sandbox's snapshot holds its files only.
+	PausedFilesOnly bool `json:"paused_files_only,omitempty"`
 	// AutoResume resumes the paused sandbox when a request reaches its
 	// sandbox plane or its ports, for Timeout.
 	AutoResume bool `json:"auto_resume,omitempty"`
@@ -330,7 +335,7 @@ func (s *Service) expire(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	if r.AutoPause {
-		if err := s.pause(ctx, sb); err == nil || errors.Is(err, errdefs.ErrConflict) {
+		if err := s.pause(ctx, sb, !r.PauseFilesOnly); err == nil || errors.Is(err, errdefs.ErrConflict) {
 			s.log.Info("e2b sandbox timed out: paused", "sandbox", id)
 			return
 		} else {
@@ -353,6 +358,8 @@ type createSpec struct {
 	autoPause bool
 	// autoResume resumes a paused sandbox on traffic (with autoPause).
 	autoResume bool
+	// pauseFilesOnly: the pause at the timeout keeps the files only.
+	pauseFilesOnly bool
 	// network and creds are the E2B network options (nil: none).
 	network *netSettings
 	creds   []config.Credential
@@ -365,9 +372,16 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	var err error
 	if sid := s.ownSnapshot(ctx, c, spec.template); sid != "" {
 		// A snapshot made by createSnapshot: its files and processes.
+		// Its network is the create's, as for any new sandbox: without
+		// options, the daemon's default (nothing allowed), not the
+		// snapshotted sandbox's.
 		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
-		if err == nil && spec.network != nil {
-			if _, err = s.jails.UpdateNetwork(ctx, j.ID, spec.network.policy(config.NetBridge, spec.creds)); err != nil {
+		if err == nil {
+			n := config.Network{Mode: j.Config.Isolation.Network.Mode}
+			if spec.network != nil {
+				n = spec.network.policy(config.NetBridge, spec.creds)
+			}
+			if _, err = s.jails.UpdateNetwork(ctx, j.ID, n); err != nil {
 				if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
 					s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
 				}
@@ -396,7 +410,7 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		ID: id, TemplateID: spec.template, Tenant: c.key.Tenant, KeyID: c.key.ID,
 		Metadata: spec.metadata, EnvVars: spec.envVars, Token: newToken(), State: stateRunning,
 		JailID: j.ID, Jails: []string{j.ID}, StartedAt: now, EndAt: now.Add(spec.timeout), AutoPause: spec.autoPause,
-		AutoResume: spec.autoResume, Timeout: spec.timeout,
+		AutoResume: spec.autoResume, Timeout: spec.timeout, PauseFilesOnly: spec.pauseFilesOnly,
 		CPUCount: cpuCount(j), MemoryMB: int(j.Config.Isolation.Resources.MemoryBytes >> 20), Network: spec.network,
 	}
 	if spec.network.private() {
@@ -482,10 +496,11 @@ func (s *Service) kill(ctx context.Context, sb *sandbox) error {
 	return errors.Join(errs...)
 }
 
-// pause snapshots the running sandbox (processes and files), keeps its
-// jail's report, and destroys the jail: a paused sandbox holds no CPU or
-// memory. ErrConflict when it is already paused.
-func (s *Service) pause(ctx context.Context, sb *sandbox) error {
+// pause snapshots the running sandbox (processes and files; its files
+// only without keepMemory, and its resume then starts it afresh), keeps
+// its jail's report, and destroys the jail: a paused sandbox holds no CPU
+// or memory. ErrConflict when it is already paused.
+func (s *Service) pause(ctx context.Context, sb *sandbox, keepMemory bool) error {
 	sb.op.Lock()
 	defer sb.op.Unlock()
 	r := sb.snapshot()
@@ -500,7 +515,11 @@ func (s *Service) pause(ctx context.Context, sb *sandbox) error {
 	sb.mu.Unlock()
 	sb.endStreams()
 	s.closeWatchers(r.ID)
-	snap, err := s.snapshot(ctx, r.JailID, model.SnapshotRequest{Name: fmt.Sprintf("e2b-%s-pause-%d", r.ID, len(r.Jails)), Mode: model.SnapshotFull})
+	mode := model.SnapshotFull
+	if !keepMemory {
+		mode = model.SnapshotFS
+	}
+	snap, err := s.snapshot(ctx, r.JailID, model.SnapshotRequest{Name: fmt.Sprintf("e2b-%s-pause-%d", r.ID, len(r.Jails)), Mode: mode})
 	if err != nil {
 		sb.mu.Lock()
 		sb.rec.State = stateRunning
@@ -520,6 +539,10 @@ func (s *Service) pause(ctx context.Context, sb *sandbox) error {
 	}
 	sb.mu.Lock()
 	sb.rec.State, sb.rec.PauseSnapshot = statePaused, snap.ID
+	sb.rec.PausedFilesOnly = !keepMemory
+	if !keepMemory {
+		sb.rec.Procs = nil // they end with the jail
+	}
 	sb.mu.Unlock()
 	sb.stopTimer()
 	s.persist(sb)
@@ -587,7 +610,7 @@ func (s *Service) resume(ctx context.Context, sb *sandbox, timeout time.Duration
 	}
 	now := time.Now().UTC()
 	sb.mu.Lock()
-	sb.rec.State, sb.rec.JailID, sb.rec.PauseSnapshot = stateRunning, j.ID, ""
+	sb.rec.State, sb.rec.JailID, sb.rec.PauseSnapshot, sb.rec.PausedFilesOnly = stateRunning, j.ID, "", false
 	sb.rec.Jails = append(sb.rec.Jails, j.ID)
 	sb.rec.EndAt = now.Add(timeout)
 	sb.mu.Unlock()

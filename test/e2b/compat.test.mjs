@@ -218,6 +218,30 @@ test('pause and resume keep files and processes', async () => {
   assert.equal(await sbx.commands.kill(bg.pid), true)
 })
 
+test('pause without memory keeps the files, not the processes', async () => {
+  const s = await Sandbox.create('base', { timeoutMs: 60_000, metadata: { suite: 'e2b-compat-fs-pause', run: meta.run } })
+  try {
+    await s.files.write('fs-only.txt', 'on disk\n')
+    const bg = await s.commands.run('sleep 600', { background: true, timeoutMs: 0 })
+    await bg.disconnect()
+    assert.ok((await s.commands.list()).some((p) => p.pid === bg.pid))
+    assert.equal(await s.pause({ keepMemory: false }), true)
+    await s.connect({ onResume: 'reboot' })
+    assert.equal(await s.files.read('fs-only.txt'), 'on disk\n')
+    assert.ok(!(await s.commands.list()).some((p) => p.cmd === 'sleep'), 'no process came back')
+    // A sandbox paused with its memory cannot start afresh on this daemon.
+    assert.equal(await s.pause(), true)
+    await assert.rejects(s.connect({ onResume: 'reboot' }), (e) => {
+      assert.ok(e instanceof SandboxError, e)
+      assert.match(e.message, /501.*keepMemory: false/)
+      return true
+    })
+    await s.connect()
+  } finally {
+    await s.kill()
+  }
+})
+
 test('autoResume: a request to a paused sandbox resumes it', async () => {
   const s = await Sandbox.create('base', { timeoutMs: 60_000, metadata: { suite: 'e2b-compat-resume', run: meta.run }, lifecycle: { onTimeout: 'pause', autoResume: true } })
   try {

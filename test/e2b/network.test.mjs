@@ -99,6 +99,22 @@ test('allowInternetAccess: every name and address, cloud metadata still refused'
   assert.equal((await open.getInfo()).allowInternetAccess, true)
 })
 
+test('a sandbox made from a snapshot has the network its create asks for, not the snapshot\'s', async () => {
+  const snap = await open.createSnapshot()
+  try {
+    const fromSnap = await Sandbox.create(snap.snapshotId, opts)
+    made.push(fromSnap)
+    assert.equal(await get(fromSnap, 'http://allowed.test/'), REFUSED)
+    assert.equal((await fromSnap.getInfo()).allowInternetAccess, false)
+    const listedSnap = await Sandbox.create(snap.snapshotId, { ...opts, network: { denyOut: [ALL_TRAFFIC], allowOut: ['other.test'] } })
+    made.push(listedSnap)
+    assert.equal(await get(listedSnap, 'http://other.test/'), OK)
+    assert.equal(await get(listedSnap, 'http://allowed.test/'), REFUSED)
+  } finally {
+    await Sandbox.deleteSnapshot(snap.snapshotId)
+  }
+})
+
 test('no option: the daemon default, no egress', async () => {
   none = await create({})
   assert.equal(await get(none, 'http://allowed.test/'), REFUSED)
