@@ -307,7 +307,8 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	if err != nil {
 		return err
 	}
-	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog, Ports: previews, Domain: do.e2bDomain})
+	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog, Ports: previews, Domain: do.e2bDomain,
+		OtherHosts: func(h string) bool { _, ok := preview.ParseHost(h); return ok }})
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
@@ -263,5 +264,32 @@ func TestHostTarget(t *testing.T) {
 	}
 	if _, _, ok := (&Service{}).hostTarget("8000-abc.localhost"); ok {
 		t.Error("a daemon without a domain claims a host")
+	}
+}
+
+// TestWrapHostsLeavesOtherHosts: a host name that names no sandbox is
+// left to the next handler when it claims the host (previews share
+// *.localhost), and answered 502 otherwise; other hosts pass through.
+func TestWrapHostsLeavesOtherHosts(t *testing.T) {
+	s := &Service{opts: Options{Domain: "localhost:8082", OtherHosts: func(h string) bool { return strings.HasSuffix(h, ".localhost:8082") }},
+		log: slog.New(slog.DiscardHandler), sandboxes: map[string]*sandbox{}}
+	passed := 0
+	h := s.WrapHosts(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { passed++ }))
+	for _, c := range []struct {
+		host   string
+		passed bool
+		status int
+	}{
+		{"3000-myjail.localhost:8082", true, http.StatusOK},
+		{"127.0.0.1:8082", true, http.StatusOK},
+		{"3000-nosuchsandbox.localhost", false, http.StatusBadGateway},
+	} {
+		before := passed
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "http://"+c.host+"/", nil)
+		h.ServeHTTP(rec, req)
+		if (passed > before) != c.passed || rec.Code != c.status {
+			t.Errorf("%s: passed on %v, status %d; want %v, %d", c.host, passed > before, rec.Code, c.passed, c.status)
+		}
 	}
 }

@@ -52,14 +52,16 @@ func (s *Service) hostTarget(hostport string) (port int, id string, ok bool) {
 }
 
 // WrapHosts returns a handler that serves the sandbox host names of
-// Options.Domain and passes every other request to next.
+// Options.Domain and passes every other request to next: a host that
+// names no sandbox goes to next too when Options.OtherHosts claims it
+// (the jails' previews share *.localhost).
 func (s *Service) WrapHosts(next http.Handler) http.Handler {
 	if s.opts.Domain == "" {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		port, id, ok := s.hostTarget(r.Host)
-		if !ok {
+		if !ok || s.sandboxByID(id) == nil && s.opts.OtherHosts != nil && s.opts.OtherHosts(r.Host) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -97,6 +97,10 @@ type Options struct {
 	// Domain, when set, is the domain of the sandbox host names the daemon
 	// answers (WrapHosts), returned to the SDK as the sandboxes' domain.
 	Domain string
+	// OtherHosts reports whether another handler answers a host name of
+	// the same shape (PORT-NAME.localhost previews); WrapHosts leaves it
+	// such a host that names no sandbox.
+	OtherHosts func(hostport string) bool
 }
 
 // Ports forwards requests to ports of jails.
