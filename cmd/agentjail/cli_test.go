@@ -293,6 +293,19 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+func TestCheckE2BDomain(t *testing.T) {
+	for _, ok := range []string{"", "localhost", "localhost:8082", "sandbox.example.com", "Sandbox.Example.com:443"} {
+		if err := checkE2BDomain(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"http://x.example", "x.example/path", "bad host", "*.example.com", ":8082"} {
+		if err := checkE2BDomain(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
 func TestDaemonAddrFile(t *testing.T) {
 	c := newCLI(t)
 	if err := os.WriteFile(filepath.Join(c.data, addrFile), []byte(c.addr+"\n"), 0o644); err != nil {

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -154,7 +155,10 @@ func checkE2BDomain(d string) error {
 		return nil
 	}
 	host := d
-	if h, _, err := net.SplitHostPort(d); err == nil {
+	if h, p, err := net.SplitHostPort(d); err == nil {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%q: the port must be a number (1-65535)", d)
+		}
 		host = h
 	}
 	_, err := config.NormalizeHost(host)
