@@ -370,31 +370,21 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	id := newSandboxID()
 	var j *model.Jail
 	var err error
-	if sid := s.ownSnapshot(ctx, c, spec.template); sid != "" {
+	sid := s.ownSnapshot(ctx, c, spec.template)
+	// The sandbox's network is its create's. A jail started with it is
+	// needed only for credentials (they set the jail's environment as it
+	// starts); otherwise the jail is a ready one of the daemon's default
+	// configuration, or a restored snapshot, and its network is replaced
+	// at once (without options: the daemon's default, nothing allowed,
+	// not the snapshotted sandbox's).
+	startWithNetwork := sid == "" && spec.network != nil && len(spec.creds) > 0
+	if sid != "" {
 		// A snapshot made by createSnapshot: its files and processes.
-		// Its network is the create's, as for any new sandbox: without
-		// options, the daemon's default (nothing allowed), not the
-		// snapshotted sandbox's.
 		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
-		if err == nil {
-			n := config.Network{Mode: j.Config.Isolation.Network.Mode}
-			if spec.network != nil {
-				n = spec.network.policy(config.NetBridge, spec.creds)
-			}
-			if _, err = s.jails.UpdateNetwork(ctx, j.ID, n); err != nil {
-				if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
-					s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
-				}
-				return nil, err
-			}
-		}
 	} else {
 		cfg := templateConfig(spec.template)
 		cfg.Env = spec.envVars
-		// Without network options the jail is of the daemon's default
-		// configuration (a ready one is taken); an update moves it to
-		// bridge mode.
-		if spec.network != nil {
+		if startWithNetwork {
 			cfg.Isolation.Network = spec.network.policy(config.NetBridge, spec.creds)
 		}
 		j, err = s.jails.Create(ctx, model.CreateRequest{Name: jailName(id, 1), Config: cfg})
@@ -404,6 +394,20 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	}
 	if err != nil {
 		return nil, err
+	}
+	if !startWithNetwork && (sid != "" || spec.network != nil) {
+		n := config.Network{Mode: j.Config.Isolation.Network.Mode}
+		if spec.network != nil {
+			n = spec.network.policy(config.NetBridge, spec.creds)
+		}
+		updated, err := s.jails.UpdateNetwork(ctx, j.ID, n)
+		if err != nil {
+			if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
+				s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
+			}
+			return nil, err
+		}
+		j = updated
 	}
 	now := time.Now().UTC()
 	r := record{
