@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -108,14 +109,7 @@ func parseNetwork(internet *bool, b *networkBody) (*netSettings, []config.Creden
 	}
 	n.AllowOut, n.DenyOut = b.AllowOut, b.DenyOut
 	var creds []config.Credential
-	hosts := slices.Sorted(func(yield func(string) bool) {
-		for h := range b.Rules {
-			if !yield(h) {
-				return
-			}
-		}
-	})
-	for _, host := range hosts {
+	for _, host := range slices.Sorted(maps.Keys(b.Rules)) {
 		if _, err := config.NormalizeHost(strings.TrimPrefix(host, "*.")); err != nil {
 			return nil, nil, errdefs.Invalidf("network.rules: %q is not a host name or *.domain (rules apply to HTTP requests by host)", host)
 		}
@@ -123,14 +117,7 @@ func parseNetwork(internet *bool, b *networkBody) (*netSettings, []config.Creden
 			if r.Transform == nil {
 				continue
 			}
-			names := slices.Sorted(func(yield func(string) bool) {
-				for k := range r.Transform.Headers {
-					if !yield(k) {
-						return
-					}
-				}
-			})
-			for _, name := range names {
+			for _, name := range slices.Sorted(maps.Keys(r.Transform.Headers)) {
 				v := r.Transform.Headers[name]
 				if strings.Contains(v, "${e2b.") {
 					return nil, nil, errdefs.NotImplementedf("network.rules[%q]: workload identity tokens (iam) are not supported by agentjail", host)
