@@ -5,7 +5,8 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
+
+	"github.com/agentjail/agentjail/internal/preview"
 )
 
 // With Options.Domain set, the daemon answers E2B's sandbox host names
@@ -34,21 +35,8 @@ func (s *Service) hostTarget(hostport string) (port int, id string, ok bool) {
 	if h, _, err := net.SplitHostPort(domain); err == nil {
 		domain = h
 	}
-	host := hostport
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	label, ok := strings.CutSuffix(host, "."+strings.ToLower(domain))
-	if !ok || strings.Contains(label, ".") {
-		return 0, "", false
-	}
-	p, id, ok := strings.Cut(label, "-")
-	port, err := strconv.Atoi(p)
-	if !ok || err != nil || port < 1 || port > 65535 || id == "" {
-		return 0, "", false
-	}
-	return port, id, true
+	t, ok := preview.ParseHostIn(hostport, "."+domain)
+	return t.Port, t.Jail, ok
 }
 
 // WrapHosts returns a handler that serves the sandbox host names of

@@ -120,22 +120,29 @@ type Target struct {
 // ParseHost recognises <port>-<jail>.localhost and
 // <port>-<jail>.sandbox.local (with any :port after it).
 func ParseHost(hostport string) (Target, bool) {
+	return ParseHostIn(hostport, Domains...)
+}
+
+// ParseHostIn recognises <port>-<name>.<domain> for one of domains (each
+// with its leading dot): a port in 1-65535, a name without dots. Case, a
+// trailing dot and any :port after the host are ignored.
+func ParseHostIn(hostport string, domains ...string) (Target, bool) {
 	host := hostport
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
 		host = h
 	}
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	for _, d := range Domains {
-		label, ok := strings.CutSuffix(host, d)
+	for _, d := range domains {
+		label, ok := strings.CutSuffix(host, strings.ToLower(d))
 		if !ok || strings.Contains(label, ".") {
 			continue
 		}
-		p, jail, ok := strings.Cut(label, "-")
+		p, name, ok := strings.Cut(label, "-")
 		port, err := strconv.Atoi(p)
-		if !ok || err != nil || port < 1 || port > 65535 || jail == "" {
+		if !ok || err != nil || port < 1 || port > 65535 || name == "" {
 			return Target{}, false
 		}
-		return Target{Port: port, Jail: jail}, true
+		return Target{Port: port, Jail: name}, true
 	}
 	return Target{}, false
 }
