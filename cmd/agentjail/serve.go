@@ -36,7 +36,10 @@ import (
 )
 
 // The jail manager is what the E2B-compatible surface runs on.
-var _ e2b.Jails = (*jail.Manager)(nil)
+var (
+	_ e2b.Jails  = (*jail.Manager)(nil)
+	_ e2b.Images = (*jail.Manager)(nil)
+)
 
 // shutdownGrace is how long a stopping daemon waits for requests in
 // flight before closing their connections (which cancels their commands).
@@ -311,7 +314,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 	if err != nil {
 		return err
 	}
-	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog, Ports: previews, Domain: do.e2bDomain,
+	e2bSvc, err := e2b.New(ctx, mgr, e2b.Options{DataDir: dataDir, Keys: keys, AdminToken: token, Log: log, Audit: auditLog, Ports: previews, Domain: do.e2bDomain, Images: mgr,
 		OtherHosts: func(h string) bool { _, ok := preview.ParseHost(h); return ok }})
 	if err != nil {
 		return err

@@ -54,13 +54,26 @@ func (s *Service) routes() {
 		{"GET /sandboxes/{id}/metrics", false, (*Service).getMetrics},
 		{"POST /sandboxes/{id}/snapshots", true, (*Service).postSnapshot},
 		{"GET /snapshots", false, (*Service).listSnapshots},
-		{"DELETE /templates/{id}", true, (*Service).deleteSnapshot},
+		{"DELETE /templates/{id}", true, (*Service).deleteSnapshotOrTemplate},
+		// Templates (template.go).
+		{"POST /v3/templates", true, (*Service).postTemplate},
+		{"GET /templates", false, (*Service).listTemplates},
+		{"GET /templates/{id}", false, (*Service).getTemplate},
+		{"GET /templates/{id}/files/{hash}", true, (*Service).getFileLink},
+		{"POST /v2/templates/{id}/builds/{build}", true, (*Service).postBuild},
+		{"GET /templates/{id}/builds/{build}/status", false, (*Service).getBuildStatus},
+		{"GET /templates/{a}/{b}", false, (*Service).getTemplateSub},
+		{"POST /templates/tags", true, (*Service).postTags},
+		{"DELETE /templates/tags", true, (*Service).deleteTags},
 		// Extensions: the observation of a sandbox.
 		{"GET /sandboxes/{id}/report", false, (*Service).getReport},
 		{"GET /sandboxes/{id}/events", false, (*Service).getEvents},
 	} {
 		s.mux.Handle(rt.pattern, s.control(rt.write, rt.h))
 	}
+	// The SDK uploads a build's files to the URL getFileLink gave, with
+	// its token and no API key.
+	s.mux.HandleFunc("PUT /templates/{id}/files/{hash}", s.putFile)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusNotImplemented, "agentjail's E2B-compatible API does not support "+r.Method+" "+r.URL.Path+" (see docs/e2b.md)")
 	})
@@ -626,9 +639,17 @@ func (s *Service) listSnapshots(c caller, w http.ResponseWriter, r *http.Request
 	return nil
 }
 
-// deleteSnapshot deletes a snapshot of one of the caller's sandboxes.
-func (s *Service) deleteSnapshot(c caller, w http.ResponseWriter, r *http.Request) error {
+// deleteSnapshotOrTemplate deletes a template (by id or name), or a
+// snapshot of one of the caller's sandboxes.
+func (s *Service) deleteSnapshotOrTemplate(c caller, w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
+	if rec, err := s.templates.lookup(c, id); err == nil {
+		if err := s.deleteTemplate(r.Context(), rec); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	snaps, err := s.jails.ListSnapshots(r.Context(), "")
 	if err != nil {
 		return err

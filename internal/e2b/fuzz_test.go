@@ -51,7 +51,7 @@ func (fuzzJails) Commands(context.Context, string) ([]initproto.ProcessInfo, err
 var _ Jails = fuzzJails{}
 
 // e2bFuzzRoutes are the control plane's routes; SBX is a running sandbox,
-// SNAP a snapshot of it.
+// SNAP a snapshot of it, TPL a template with a waiting build BLD.
 var e2bFuzzRoutes = []struct{ method, path string }{
 	{"POST", "/e2b/v2/sandboxes"},
 	{"POST", "/e2b/sandboxes"},
@@ -68,6 +68,17 @@ var e2bFuzzRoutes = []struct{ method, path string }{
 	{"DELETE", "/e2b/templates/SNAP"},
 	{"GET", "/e2b/sandboxes/SBX/report"},
 	{"PUT", "/e2b/sandboxes/SBX/network"},
+	{"POST", "/e2b/v3/templates"},
+	{"GET", "/e2b/templates/TPL/files/0000000000000000000000000000000000000000000000000000000000000000"},
+	{"PUT", "/e2b/templates/TPL/files/0000000000000000000000000000000000000000000000000000000000000000"},
+	{"POST", "/e2b/v2/templates/TPL/builds/BLD"},
+	{"GET", "/e2b/templates/TPL/builds/BLD/status"},
+	{"GET", "/e2b/templates/aliases/fz"},
+	{"GET", "/e2b/templates/TPL/tags"},
+	{"POST", "/e2b/templates/tags"},
+	{"DELETE", "/e2b/templates/tags"},
+	{"DELETE", "/e2b/templates/TPL"},
+	{"GET", "/e2b/templates"},
 }
 
 // FuzzControlPlane sends arbitrary bodies and queries to the E2B control
@@ -99,6 +110,15 @@ func FuzzControlPlane(f *testing.F) {
 		{14, "", `{"denyOut":["a.example"]}`},
 		{0, "", `{"autoPause":true,"autoResume":{"enabled":true}}`},
 		{0, "", `{"autoResume":{"enabled":true}}`},
+		{15, "", `{"name":"fz:v1","tags":["a"],"cpuCount":1,"memoryMB":128}`},
+		{16, "", ""},
+		{17, "token=x", "data"},
+		{18, "", `{"fromImage":"busybox","steps":[{"type":"RUN","args":["echo hi"]},{"type":"ENV","args":["A","1"]},{"type":"WORKDIR","args":["/srv"]}],"startCmd":"sleep 1","readyCmd":"true"}`},
+		{18, "", `{"fromTemplate":"fz","steps":[{"type":"COPY","args":["a","/b"],"filesHash":"0000000000000000000000000000000000000000000000000000000000000000"}]}`},
+		{19, "logsOffset=3", ""},
+		{22, "", `{"target":"fz:default","tags":["b"]}`},
+		{23, "", `{"name":"fz","tags":["default"]}`},
+		{0, "", `{"templateID":"fz:default"}`},
 	} {
 		f.Add(s.route, s.query, []byte(s.body))
 	}
@@ -116,7 +136,7 @@ func FuzzControlPlane(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc, err := New(context.Background(), fuzzJails{apitest.New()}, Options{DataDir: dir, AdminToken: token, Log: slog.New(slog.DiscardHandler)})
+		svc, err := New(context.Background(), fuzzJails{apitest.New()}, Options{DataDir: dir, AdminToken: token, Images: &fakeImages{}, Log: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,12 +167,18 @@ func FuzzControlPlane(f *testing.F) {
 			t.Fatalf("snapshot: %d %s", w.Code, w.Body)
 		}
 
+		var tpl struct{ TemplateID, BuildID string }
+		w = do("POST", "/e2b/v3/templates", []byte(`{"name":"fz"}`))
+		if w.Code != http.StatusAccepted || json.Unmarshal(w.Body.Bytes(), &tpl) != nil {
+			t.Fatalf("template: %d %s", w.Code, w.Body)
+		}
+
 		rt := e2bFuzzRoutes[int(route)%len(e2bFuzzRoutes)]
 		target := rt.path
 		if rawQuery != "" {
 			target += "?" + rawQuery
 		}
-		ids := strings.NewReplacer("SBX", sbx.SandboxID, "SNAP", snap.SnapshotID)
+		ids := strings.NewReplacer("SBX", sbx.SandboxID, "SNAP", snap.SnapshotID, "TPL", tpl.TemplateID, "BLD", tpl.BuildID)
 		target = ids.Replace(target)
 		body = []byte(ids.Replace(string(body)))
 		guard := time.AfterFunc(15*time.Second, func() { panic(fmt.Sprintf("%s %s did not finish in 15s", rt.method, target)) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"syscall"
@@ -41,6 +42,10 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd: required"))
 	}
 	er := model.ExecRequest{Cmd: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: cfg.GetEnvs(), Cwd: cfg.GetCwd(), User: basicUser(req.Header())}
+	if env := sb.snapshot().ExecEnv; len(env) > 0 {
+		er.Env = maps.Clone(env)
+		maps.Copy(er.Env, cfg.GetEnvs())
+	}
 	// Connect-Timeout-Ms is the command's lifetime, not the stream's.
 	if dl, ok := ctx.Deadline(); ok {
 		er.TimeoutMs = max(1, time.Until(dl).Milliseconds())

@@ -74,6 +74,9 @@ type record struct {
 	// Network holds the E2B network options the sandbox was given (nil:
 	// none, the daemon's default policy).
 	Network *netSettings `json:"network,omitempty"`
+	// ExecEnv is added to the environment of every command (the create's
+	// envVars, when the jail was restored rather than started with them).
+	ExecEnv map[string]string `json:"exec_env,omitempty"`
 	// Procs describes the processes started through the sandbox plane, by
 	// pid (for Process/List and tag selectors).
 	Procs map[uint32]procMeta `json:"procs,omitempty"`
@@ -371,6 +374,16 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	var j *model.Jail
 	var err error
 	sid := s.ownSnapshot(ctx, c, spec.template)
+	var tb *buildRecord
+	if sid == "" {
+		// A template built here: its snapshot (started) or its image.
+		if tb, err = s.templates.resolve(c, spec.template); err != nil {
+			return nil, err
+		}
+		if tb != nil {
+			sid = tb.Snapshot
+		}
+	}
 	// The sandbox's network is its create's. A jail started with it is
 	// needed only for credentials (they set the jail's environment as it
 	// starts); otherwise the jail is a ready one of the daemon's default
@@ -383,6 +396,9 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
 	} else {
 		cfg := templateConfig(spec.template)
+		if tb != nil {
+			cfg = tb.sandboxConfig()
+		}
 		cfg.Env = spec.envVars
 		if startWithNetwork {
 			cfg.Isolation.Network = spec.network.policy(config.NetBridge, spec.creds)
@@ -416,6 +432,10 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		JailID: j.ID, Jails: []string{j.ID}, StartedAt: now, EndAt: now.Add(spec.timeout), AutoPause: spec.autoPause,
 		AutoResume: spec.autoResume, Timeout: spec.timeout, PauseFilesOnly: spec.pauseFilesOnly,
 		CPUCount: cpuCount(j), MemoryMB: int(j.Config.Isolation.Resources.MemoryBytes >> 20), Network: spec.network,
+	}
+	if sid != "" {
+		// A restored jail keeps the environment it was started with.
+		r.ExecEnv = spec.envVars
 	}
 	if spec.network.private() {
 		r.TrafficToken = newToken()

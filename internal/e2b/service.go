@@ -97,6 +97,8 @@ type Options struct {
 	// Domain, when set, is the domain of the sandbox host names the daemon
 	// answers (WrapHosts), returned to the SDK as the sandboxes' domain.
 	Domain string
+	// Images builds templates (nil: template builds answer 501).
+	Images Images
 	// OtherHosts reports whether another handler answers a host name of
 	// the same shape (PORT-NAME.localhost previews); WrapHosts leaves it
 	// such a host that names no sandbox.
@@ -113,13 +115,15 @@ type Ports interface {
 
 // Service serves the E2B-compatible API over a jail manager.
 type Service struct {
-	jails  Jails
-	opts   Options
-	log    *slog.Logger
-	store  *store
-	mux    *http.ServeMux
-	envd   http.Handler
-	closed chan struct{}
+	jails Jails
+	opts  Options
+	log   *slog.Logger
+	store *store
+	// templates are the built templates and their builds.
+	templates *templates
+	mux       *http.ServeMux
+	envd      http.Handler
+	closed    chan struct{}
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -140,7 +144,16 @@ func New(ctx context.Context, jails Jails, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{jails: jails, opts: opts, log: opts.Log, store: st, sandboxes: map[string]*sandbox{},
+	tpl, orphans, err := openTemplates(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range orphans {
+		if err := jails.Destroy(ctx, j); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			opts.Log.Warn("destroying the jail of an interrupted template build", "jail", j, "err", err)
+		}
+	}
+	s := &Service{jails: jails, opts: opts, log: opts.Log, store: st, templates: tpl, sandboxes: map[string]*sandbox{},
 		watchers: map[string]*pollWatcher{}, closed: make(chan struct{})}
 	recs, err := st.load()
 	if err != nil {
@@ -166,6 +179,14 @@ func New(ctx context.Context, jails Jails, opts Options) (*Service, error) {
 // by the next Service on the same data dir).
 func (s *Service) Close() {
 	close(s.closed)
+	// Builds under way are stopped (their jails removed); they are
+	// recorded as failed.
+	s.templates.mu.Lock()
+	for _, rb := range s.templates.running {
+		rb.cancel()
+	}
+	s.templates.mu.Unlock()
+	s.templates.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sb := range s.sandboxes {
@@ -193,6 +214,11 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeAPIError(w, http.StatusNotFound, "no route for "+r.Method+" "+p)
 	}
+}
+
+// withCaller is ctx as the jail manager sees c's requests.
+func withCaller(ctx context.Context, c caller) context.Context {
+	return tenant.NewContext(ctx, c.principal())
 }
 
 // caller is who sent a control-plane request.

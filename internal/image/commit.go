@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,6 +42,9 @@ type CommitRequest struct {
 	Tag string
 	// Comment goes into the image's history.
 	Comment string
+	// Changes amend the parent's config (nil: none; see
+	// model.CommitRequest).
+	Changes *model.ImageConfig
 }
 
 // Commit makes a new image of the parent's layers and one more: the
@@ -59,6 +63,13 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (*model.Image, er
 			return nil, errdefs.Invalidf("commit: %q: name the new image with a tag, not a digest", req.Tag)
 		}
 		tags = []string{r.Name()}
+	}
+	if req.Changes != nil {
+		for _, kv := range req.Changes.Env {
+			if n, _, ok := strings.Cut(kv, "="); !ok || n == "" || strings.ContainsAny(n, " \t\n") {
+				return nil, errdefs.Invalidf("commit: changes.env: %q is not NAME=VALUE", kv)
+			}
+		}
 	}
 	parent, release, err := s.Acquire(req.Parent)
 	if err != nil {
@@ -90,6 +101,9 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (*model.Image, er
 	cf.RootFS.DiffIDs = append(cf.RootFS.DiffIDs, diffID)
 	cf.Created = v1.Time{Time: now}
 	cf.History = append(cf.History, v1.History{Created: v1.Time{Time: now}, CreatedBy: "agentjail commit", Comment: req.Comment})
+	if req.Changes != nil {
+		amendConfig(&cf.Config, *req.Changes)
+	}
 	newRaw, err := json.Marshal(cf)
 	if err != nil {
 		return nil, err
@@ -112,6 +126,33 @@ func (s *Store) Commit(ctx context.Context, req CommitRequest) (*model.Image, er
 	path := f.Name()
 	src.layers = append(src.layers, layerSource{mediaType: types.OCIUncompressedLayer, size: -1, open: func() (io.ReadCloser, error) { return os.Open(path) }})
 	return s.importImage(ctx, src, nil)
+}
+
+// amendConfig applies a commit's changes to an image config: each env
+// entry replaces the one of its name or is added, the other fields
+// replace the config's when given.
+func amendConfig(c *v1.Config, ch model.ImageConfig) {
+	for _, kv := range ch.Env {
+		name, _, _ := strings.Cut(kv, "=")
+		i := slices.IndexFunc(c.Env, func(e string) bool { n, _, _ := strings.Cut(e, "="); return n == name })
+		if i >= 0 {
+			c.Env[i] = kv
+		} else {
+			c.Env = append(c.Env, kv)
+		}
+	}
+	if ch.WorkingDir != "" {
+		c.WorkingDir = ch.WorkingDir
+	}
+	if ch.User != "" {
+		c.User = ch.User
+	}
+	if ch.Entrypoint != nil {
+		c.Entrypoint = ch.Entrypoint
+	}
+	if ch.Cmd != nil {
+		c.Cmd = ch.Cmd
+	}
 }
 
 func sha256Sum(b []byte) []byte {

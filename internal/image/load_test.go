@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/image/imagetest"
+	"github.com/agentjail/agentjail/internal/model"
 )
 
 func TestLoadDockerArchiveAndOCILayout(t *testing.T) {
@@ -114,9 +117,19 @@ func TestCommitUpperAsLayer(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(view, ".agentjail")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the daemon's files were committed: %v", err)
 	}
-	// The committed image can be committed on again.
-	if _, err := s.Commit(context.Background(), CommitRequest{Parent: img.ID, Upper: filepath.Join(upper, "workspace")}); err != nil {
+	// The committed image can be committed on again, its config amended.
+	amended, err := s.Commit(context.Background(), CommitRequest{Parent: img.ID, Upper: filepath.Join(upper, "workspace"),
+		Changes: &model.ImageConfig{Env: []string{"ADDED=1", "PATH=/opt/bin:/bin"}, WorkingDir: "/srv", Cmd: []string{"serve"}}})
+	if err != nil {
 		t.Fatal(err)
+	}
+	c := amended.Config
+	if c.User != "app" || c.WorkingDir != "/srv" || !slices.Equal(c.Cmd, []string{"serve"}) ||
+		!slices.Contains(c.Env, "ADDED=1") || !slices.Contains(c.Env, "PATH=/opt/bin:/bin") || slices.ContainsFunc(c.Env, func(e string) bool { return e != "PATH=/opt/bin:/bin" && strings.HasPrefix(e, "PATH=") }) {
+		t.Errorf("amended config: %+v", c)
+	}
+	if _, err := s.Commit(context.Background(), CommitRequest{Parent: img.ID, Upper: upper, Changes: &model.ImageConfig{Env: []string{"=x"}}}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("commit with a nameless env entry: %v", err)
 	}
 	if _, err := s.Commit(context.Background(), CommitRequest{Parent: img.ID, Upper: upper, Tag: "bad@sha256:00"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("commit with a digest as tag: %v", err)

@@ -226,7 +226,7 @@ func (m *Manager) Commit(ctx context.Context, ref string, req model.CommitReques
 	}
 	shift := lb.IDShift(m.instance(e))
 	img, err := m.images.Commit(ctx, image.CommitRequest{
-		Parent: parent, Upper: upper, Shift: shift, Tag: req.Ref, Comment: req.Comment,
+		Parent: parent, Upper: upper, Shift: shift, Tag: req.Ref, Comment: req.Comment, Changes: req.Changes,
 		Skip: daemonWritten,
 	})
 	if err != nil {

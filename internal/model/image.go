@@ -109,6 +109,10 @@ type CommitRequest struct {
 	Ref string `json:"ref,omitempty"`
 	// Comment goes into the image's history.
 	Comment string `json:"comment,omitempty"`
+	// Changes amend the parent's config (nil: kept as it is): each env
+	// entry replaces the parent's of its name or is added; working_dir,
+	// user, entrypoint and cmd replace the parent's when given.
+	Changes *ImageConfig `json:"changes,omitempty"`
 }
 
 // Profile is a named package list the daemon builds into an image with

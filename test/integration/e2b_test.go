@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/agentjail/agentjail/internal/image/imagetest"
 	"github.com/agentjail/agentjail/internal/testenv"
 )
 
@@ -165,5 +168,48 @@ func TestE2BNetwork(t *testing.T) {
 	}
 	if len(left) != 0 {
 		t.Errorf("sandboxes left after the scenario (a refused create must make none): %v", left)
+	}
+}
+
+// TestE2BTemplate runs test/e2b/template.test.mjs: the SDK's
+// Template.build against a daemon that pulls from a registry of the
+// test's, then sandboxes of the templates. Afterwards no build jail and
+// no template image is left.
+func TestE2BTemplate(t *testing.T) {
+	dir := e2bProject(t)
+	e := newImageEnv(t)
+	// The SDK runs commands with bash: busybox's sh stands in for it.
+	bash := imagetest.Layer(t, imagetest.Entry{Name: "bin/bash", Body: "#!/bin/sh\nexec /bin/sh \"$@\"\n", Mode: 0o755})
+	plain := e.reg.Push(t, "test/plain/busybox:1", imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}}, e.baseLayer(t), bash))
+	key := e2bKey(t, e.d)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "template.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(e2bEnv(e.d, key), "AJ_TEST_IMAGE="+plain)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test template.test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the E2B template scenario failed: %v", err)
+	}
+	var jails struct {
+		Jails []struct {
+			Name string `json:"name"`
+		} `json:"jails"`
+	}
+	e.d.api.want(t, http.StatusOK, "GET", "/jails", nil, &jails)
+	for _, j := range jails.Jails {
+		t.Errorf("jail left after the scenario: %s", j.Name)
+	}
+	images, _, err := e.c.Images(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range images {
+		for _, tag := range img.Tags {
+			if strings.HasPrefix(tag, "agentjail.template/") {
+				t.Errorf("image of a deleted template left: %s", tag)
+			}
+		}
 	}
 }

@@ -1,0 +1,531 @@
+package e2b
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/model"
+)
+
+// buildSpec is a build to run.
+type buildSpec struct {
+	template, name, build string
+	body                  buildBody
+	caller                caller
+	cpu, memoryMB         int
+	// baseImage is the image of the fromTemplate base ("" with fromImage).
+	baseImage string
+}
+
+// builder runs one build: the state its steps change.
+type builder struct {
+	s    *Service
+	spec buildSpec
+	jail string
+	// env, workdir and user are what ENV, WORKDIR and USER set so far.
+	env     []string
+	workdir string
+	user    string
+}
+
+// stepError is a build's failure at a step ("base", "finalize", or the
+// step's number: its index in the SDK's stack traces).
+type stepError struct {
+	step string
+	err  error
+}
+
+func (e *stepError) Error() string { return e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+func atStep(step string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *stepError
+	if errors.As(err, &se) {
+		return err
+	}
+	return &stepError{step: step, err: err}
+}
+
+// runBuild runs spec's build to its end, ready or failed, and records it.
+func (s *Service) runBuild(ctx context.Context, spec buildSpec) {
+	t := s.templates
+	select {
+	case t.slots <- struct{}{}:
+		defer func() { <-t.slots }()
+	case <-ctx.Done():
+		s.finishBuild(spec, "", "", atStep("base", ctx.Err()))
+		return
+	}
+	s.setBuildStatus(spec, buildBuilding)
+	b := &builder{s: s, spec: spec}
+	img, snap, err := b.run(ctx)
+	s.finishBuild(spec, img, snap, err)
+}
+
+// run builds the image (and the snapshot of its start command).
+func (b *builder) run(ctx context.Context) (image, snapshot string, err error) {
+	spec := b.spec
+	s := b.s
+	ctx = withCaller(ctx, spec.caller)
+	base := spec.baseImage
+	if base == "" {
+		b.logf("info", "base", "Pulling %s", spec.body.FromImage)
+		img, err := s.opts.Images.PullImage(ctx, spec.body.FromImage, nil)
+		if err != nil {
+			return "", "", atStep("base", fmt.Errorf("pulling %s: %w", spec.body.FromImage, err))
+		}
+		base = img.ID
+	} else {
+		b.logf("info", "base", "Building on template %s", spec.body.FromTemplate)
+	}
+	cfg := (&buildRecord{Image: base, CPUCount: spec.cpu, MemoryMB: spec.memoryMB}).sandboxConfig()
+	cfg.Isolation.Network = (&netSettings{Internet: true}).policy(config.NetBridge, nil)
+	j, err := b.newJail(ctx, cfg, "build")
+	if err != nil {
+		return "", "", atStep("base", err)
+	}
+	b.jail = j
+	defer b.destroy(j)
+	for i, st := range spec.body.Steps {
+		step := strconv.Itoa(i + 1)
+		b.logf("info", step, "[%d/%d] %s %s", i+1, len(spec.body.Steps), st.Type, strings.Join(st.Args, " "))
+		if err := b.step(ctx, step, st); err != nil {
+			return "", "", atStep(step, err)
+		}
+	}
+	tag := "agentjail.template/" + spec.template + ":" + spec.build
+	changes := &model.ImageConfig{Env: b.env, WorkingDir: b.workdir, User: b.user}
+	img, err := s.opts.Images.Commit(ctx, j, model.CommitRequest{Ref: tag, Comment: "template " + spec.name + ", build " + spec.build, Changes: changes})
+	if err != nil {
+		return "", "", atStep("finalize", fmt.Errorf("committing the image: %w", err))
+	}
+	b.logf("info", "finalize", "Image %s (%s)", tag, img.ID)
+	if spec.body.StartCmd == "" {
+		return tag, "", nil
+	}
+	snap, err := b.startSnapshot(ctx, tag, cfg)
+	if err != nil {
+		if _, rerr := s.opts.Images.RemoveImage(context.WithoutCancel(ctx), tag, false); rerr != nil {
+			s.log.Error("removing the image of a failed template build", "image", tag, "err", rerr)
+		}
+		return "", "", atStep("finalize", err)
+	}
+	return tag, snap, nil
+}
+
+// newJail creates and records a jail of the build.
+func (b *builder) newJail(ctx context.Context, cfg config.Config, role string) (string, error) {
+	name := fmt.Sprintf("e2b-%s-%s-%s", role, b.spec.template, b.spec.build[:8])
+	j, err := b.s.jails.Create(ctx, model.CreateRequest{Name: name, Config: cfg})
+	if err != nil {
+		return "", err
+	}
+	b.s.updateBuild(b.spec, func(r *buildRecord) { r.Jails = append(r.Jails, j.ID) })
+	return j.ID, nil
+}
+
+// destroy removes a jail of the build, whatever the build's context.
+func (b *builder) destroy(j string) {
+	ctx, cancel := context.WithTimeout(withCaller(context.Background(), b.spec.caller), opTimeout)
+	defer cancel()
+	if err := b.s.jails.Destroy(ctx, j); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		b.s.log.Error("destroying a template build's jail", "jail", j, "err", err)
+	}
+}
+
+// step runs one instruction in the build's jail.
+func (b *builder) step(ctx context.Context, step string, st buildStep) error {
+	switch st.Type {
+	case "RUN":
+		user := b.user
+		if len(st.Args) > 1 && st.Args[1] != "" {
+			user = st.Args[1]
+		}
+		return b.exec(ctx, step, []string{"/bin/sh", "-c", st.Args[0]}, user)
+	case "COPY":
+		return b.copy(ctx, step, st)
+	case "ENV":
+		for i := 0; i < len(st.Args); i += 2 {
+			kv := st.Args[i] + "=" + st.Args[i+1]
+			b.env = append(slicesDeleteVar(b.env, st.Args[i]), kv)
+		}
+		return nil
+	case "WORKDIR":
+		b.workdir = b.abs(st.Args[0])
+		_, err := b.s.jails.Mkdir(ctx, b.jail, b.workdir, model.WriteOptions{User: b.user})
+		return err
+	case "USER":
+		b.user = st.Args[0]
+		return nil
+	}
+	return errdefs.Invalidf("unknown step %q", st.Type)
+}
+
+// slicesDeleteVar drops name's entries from env.
+func slicesDeleteVar(env []string, name string) []string {
+	out := env[:0]
+	for _, kv := range env {
+		if n, _, _ := strings.Cut(kv, "="); n != name {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// abs resolves p against the work dir.
+func (b *builder) abs(p string) string {
+	if path.IsAbs(p) {
+		return path.Clean(p)
+	}
+	wd := b.workdir
+	if wd == "" {
+		wd = "/"
+	}
+	return path.Join(wd, p)
+}
+
+// exec runs argv in the build's jail with the build's environment, its
+// output going to the log; a failure names the exit status.
+func (b *builder) exec(ctx context.Context, step string, argv []string, user string) error {
+	env := map[string]string{}
+	for _, kv := range b.env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	lw := &logWriter{b: b, step: step}
+	res, err := b.s.jails.Exec(ctx, b.jail, model.ExecRequest{Cmd: argv, Env: env, Cwd: b.workdir, User: user},
+		func(stream string, data []byte) error { lw.write(data); return nil })
+	lw.flush()
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 || res.Signal != "" {
+		what := "exit code " + strconv.Itoa(res.ExitCode)
+		if res.Signal != "" {
+			what = "signal " + res.Signal
+		}
+		return fmt.Errorf("%q failed with %s", strings.Join(argv[2:], " "), what)
+	}
+	return nil
+}
+
+// logWriter turns command output into log lines.
+type logWriter struct {
+	b    *builder
+	step string
+	buf  []byte
+}
+
+func (w *logWriter) write(p []byte) {
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.b.logf("info", w.step, "%s", w.buf[:i])
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) > maxLogLine {
+		w.flush()
+	}
+}
+
+func (w *logWriter) flush() {
+	if len(w.buf) > 0 {
+		w.b.logf("info", w.step, "%s", w.buf)
+		w.buf = nil
+	}
+}
+
+// copy unpacks a COPY step's uploaded archive into the jail. As in a
+// Dockerfile, a directory's contents go into the destination, and a file
+// goes to the destination itself unless it ends in "/" or the source is
+// a pattern (then into it, by its own name).
+func (b *builder) copy(ctx context.Context, step string, st buildStep) error {
+	src := strings.TrimPrefix(path.Clean(st.Args[0]), "./")
+	dest := b.abs(st.Args[1])
+	intoDir := strings.HasSuffix(st.Args[1], "/") || strings.ContainsAny(src, "*?[")
+	var user string
+	var mode uint32
+	if len(st.Args) > 2 {
+		user = st.Args[2]
+	}
+	if user == "" {
+		user = b.user
+	}
+	if len(st.Args) > 3 && st.Args[3] != "" {
+		m, err := parseMode(st.Args[3])
+		if err != nil {
+			return err
+		}
+		mode = m
+	}
+	f, err := os.Open(b.s.templates.filePath(b.spec.template, st.FilesHash))
+	if err != nil {
+		return fmt.Errorf("the files of COPY %s: %w", src, err)
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return errdefs.Invalidf("COPY %s: %v", src, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	tr := tar.NewReader(r)
+	copied := 0
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return errdefs.Invalidf("COPY %s: the uploaded archive: %v", src, err)
+		}
+		name := strings.TrimSuffix(strings.TrimPrefix(path.Clean("/"+hdr.Name), "/"), "/")
+		if name == "" || name != strings.TrimSuffix(strings.TrimPrefix(hdr.Name, "./"), "/") {
+			return errdefs.Invalidf("COPY %s: the archive's entry %q is not a clean relative path", src, hdr.Name)
+		}
+		target, ok := copyTarget(src, name, dest, intoDir, hdr.Typeflag == tar.TypeDir)
+		if !ok {
+			continue
+		}
+		if err := b.place(ctx, hdr, tr, target, user, mode); err != nil {
+			return fmt.Errorf("COPY %s → %s: %w", name, target, err)
+		}
+		copied++
+	}
+	if copied == 0 {
+		return errdefs.Invalidf("COPY %s: the uploaded archive holds nothing it names", src)
+	}
+	b.logf("info", step, "Copied %d entries to %s", copied, dest)
+	return nil
+}
+
+// copyTarget is where the archive's entry name goes for a COPY of src to
+// dest: false when src does not match it. The match is the shortest
+// leading part of name that src (a path or a pattern) matches.
+func copyTarget(src, name, dest string, intoDir, isDir bool) (string, bool) {
+	parts := strings.Split(name, "/")
+	for i := 1; i <= len(parts); i++ {
+		prefix := strings.Join(parts[:i], "/")
+		if ok, _ := path.Match(src, prefix); !ok {
+			continue
+		}
+		rest := strings.Join(parts[i:], "/")
+		switch {
+		case rest != "":
+			// Inside a matched directory: its contents go into dest (into
+			// dest/NAME for a pattern, as each match keeps its name).
+			if strings.ContainsAny(src, "*?[") {
+				return path.Join(dest, parts[i-1], rest), true
+			}
+			return path.Join(dest, rest), true
+		case isDir && !strings.ContainsAny(src, "*?["):
+			return dest, true
+		case intoDir:
+			return path.Join(dest, parts[i-1]), true
+		default:
+			return dest, true
+		}
+	}
+	return "", false
+}
+
+// place writes one archive entry at target in the jail.
+func (b *builder) place(ctx context.Context, hdr *tar.Header, r io.Reader, target, user string, mode uint32) error {
+	j := b.s.jails
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		_, err := j.Mkdir(ctx, b.jail, target, model.WriteOptions{User: user, Mode: uint32(hdr.Mode & 0o7777)})
+		return err
+	case tar.TypeReg:
+		m := uint32(hdr.Mode & 0o7777)
+		if mode != 0 {
+			m = mode
+		}
+		_, err := j.WriteFile(ctx, b.jail, target, r, model.WriteOptions{User: user, Mode: m})
+		return err
+	case tar.TypeSymlink:
+		return b.exec(ctx, "", []string{"/bin/sh", "-c", `ln -sfn -- "$0" "$1"`, hdr.Linkname, target}, user)
+	}
+	return errdefs.Invalidf("%q: a %s entry; COPY takes files, directories and symbolic links", hdr.Name, tarType(hdr.Typeflag))
+}
+
+func tarType(t byte) string {
+	switch t {
+	case tar.TypeLink:
+		return "hard link"
+	case tar.TypeChar, tar.TypeBlock:
+		return "device"
+	case tar.TypeFifo:
+		return "fifo"
+	}
+	return "type " + strconv.Quote(string(t))
+}
+
+// parseMode reads a COPY mode ("0755").
+func parseMode(s string) (uint32, error) {
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, errdefs.Invalidf("mode %q is not an octal file mode", s)
+	}
+	return uint32(m), nil
+}
+
+// startSnapshot starts the template's start command in a jail of its new
+// image, waits until the ready command succeeds, and snapshots the jail
+// with its processes.
+func (b *builder) startSnapshot(ctx context.Context, image string, build config.Config) (string, error) {
+	spec := b.spec
+	cfg := build
+	cfg.Isolation.Filesystem.Rootfs = config.RootfsImagePrefix + image
+	j, err := b.newJail(ctx, cfg, "start")
+	if err != nil {
+		return "", err
+	}
+	defer b.destroy(j)
+	b.jail = j
+	b.logf("info", "finalize", "Starting %s", spec.body.StartCmd)
+	proc, err := b.s.jails.StartProcess(ctx, j, model.ExecRequest{Cmd: []string{"/bin/sh", "-c", spec.body.StartCmd}}, false, nil)
+	if err != nil {
+		return "", fmt.Errorf("the start command: %w", err)
+	}
+	// The command outlives this stream, as a sandbox's commands do.
+	proc.Close()
+	if ready := spec.body.ReadyCmd; ready != "" {
+		b.logf("info", "finalize", "Waiting for %s", ready)
+		rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+		defer cancel()
+		for {
+			res, err := b.s.jails.Exec(rctx, j, model.ExecRequest{Cmd: []string{"/bin/sh", "-c", ready}, TimeoutMs: 10_000}, nil)
+			if err == nil && res.ExitCode == 0 && res.Signal == "" {
+				break
+			}
+			if rctx.Err() != nil {
+				return "", fmt.Errorf("the ready command %q did not succeed within %s", ready, readyTimeout)
+			}
+			select {
+			case <-rctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	snap, err := b.s.snapshot(ctx, j, model.SnapshotRequest{Name: fmt.Sprintf("e2b-template-%s-%s", spec.template, spec.build[:8]), Mode: model.SnapshotFull})
+	if err != nil {
+		return "", fmt.Errorf("snapshotting the started template: %w", err)
+	}
+	b.logf("info", "finalize", "Snapshot %s with the start command running", snap.ID)
+	return snap.ID, nil
+}
+
+// logf adds a line to the build's log.
+func (b *builder) logf(level, step, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if len(msg) > maxLogLine {
+		msg = msg[:maxLogLine] + "…"
+	}
+	e := logEntry{Time: time.Now().UTC(), Level: level, Message: msg, Step: step}
+	b.s.updateBuild(b.spec, func(r *buildRecord) {
+		switch {
+		case len(r.Log) < maxBuildLog:
+			r.Log = append(r.Log, e)
+		case len(r.Log) == maxBuildLog:
+			r.Log = append(r.Log, logEntry{Time: e.Time, Level: "warn", Message: fmt.Sprintf("(the log keeps %d lines; the rest are left out)", maxBuildLog)})
+		}
+	})
+}
+
+// updateBuild changes a build's record in memory (saved at its end).
+func (s *Service) updateBuild(spec buildSpec, f func(*buildRecord)) {
+	t := s.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rec := t.byID[spec.template]; rec != nil {
+		if b := rec.build(spec.build); b != nil {
+			f(b)
+			b.UpdatedAt = time.Now().UTC()
+		}
+	}
+}
+
+// setBuildStatus records a build's new status.
+func (s *Service) setBuildStatus(spec buildSpec, status string) {
+	s.updateBuild(spec, func(b *buildRecord) { b.Status = status })
+	s.saveTemplate(spec.template)
+}
+
+func (s *Service) saveTemplate(id string) {
+	t := s.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rec := t.byID[id]; rec != nil {
+		if err := t.save(rec); err != nil {
+			s.log.Error("saving a template", "template", id, "err", err)
+		}
+	}
+}
+
+// finishBuild records a build's end: ready, its tags moved to it, or
+// failed with the reason.
+func (s *Service) finishBuild(spec buildSpec, image, snapshot string, err error) {
+	t := s.templates
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rec := t.byID[spec.template]
+	if rec == nil {
+		return // deleted meanwhile
+	}
+	b := rec.build(spec.build)
+	now := time.Now().UTC()
+	b.UpdatedAt, b.FinishedAt = now, &now
+	if err != nil {
+		b.Status = buildError
+		step := ""
+		var se *stepError
+		if errors.As(err, &se) {
+			step = se.step
+		}
+		msg := err.Error()
+		if errors.Is(err, context.DeadlineExceeded) {
+			msg = fmt.Sprintf("the build did not finish within %s", buildTimeout)
+		} else if errors.Is(err, context.Canceled) {
+			msg = "the build was stopped"
+		}
+		b.Reason = &buildReason{Message: msg, Step: step}
+		b.Log = append(b.Log, logEntry{Time: now, Level: "error", Message: msg, Step: step})
+	} else {
+		b.Status, b.Image, b.Snapshot = buildReady, image, snapshot
+		if rec.Tags == nil {
+			rec.Tags = map[string]tagRecord{}
+		}
+		for _, tg := range b.Tags {
+			rec.Tags[tg] = tagRecord{Build: b.ID, At: now}
+		}
+		b.Log = append(b.Log, logEntry{Time: now, Level: "info", Message: "Template " + rec.Name + " is ready (tags " + strings.Join(b.Tags, ", ") + ")", Step: "finalize"})
+	}
+	rec.UpdatedAt = now
+	if err := t.save(rec); err != nil {
+		s.log.Error("saving a template", "template", rec.ID, "err", err)
+	}
+}
