@@ -3,6 +3,7 @@ module github.com/agentjail/agentjail/kube
 go 1.26.3
 
 require (
+	github.com/google/go-containerregistry v0.22.1
 	go.etcd.io/etcd/server/v3 v3.7.3
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
@@ -13,7 +14,6 @@ require (
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
-	github.com/google/go-containerregistry v0.22.1 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect

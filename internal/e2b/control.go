@@ -74,6 +74,7 @@ func (s *Service) routes() {
 	// The SDK uploads a build's files to the URL getFileLink gave, with
 	// its token and no API key.
 	s.mux.HandleFunc("PUT /templates/{id}/files/{hash}", s.putFile)
+	s.mux.HandleFunc("HEAD /templates/{id}/files/{hash}", s.putFile)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusNotImplemented, "agentjail's E2B-compatible API does not support "+r.Method+" "+r.URL.Path+" (see docs/e2b.md)")
 	})

@@ -417,17 +417,23 @@ func (s *Service) getFileLink(c caller, w http.ResponseWriter, r *http.Request) 
 	if _, err := os.Stat(s.templates.filePath(rec.ID, hash)); err == nil {
 		out["present"] = true
 	}
-	scheme := "http"
+	// The URL is the daemon's as the caller reached it (through a proxy
+	// or the cluster's gateway: the host it names).
+	scheme, host := "http", r.Host
 	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
 	}
-	out["url"] = scheme + "://" + r.Host + s.opts.Prefix + "/templates/" + rec.ID + "/files/" + hash + "?token=" + token
+	if h := r.Header.Get("X-Forwarded-Host"); h != "" {
+		host = h
+	}
+	out["url"] = scheme + "://" + host + s.opts.Prefix + "/templates/" + rec.ID + "/files/" + hash + "?token=" + token
 	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
 
 // putFile receives the archive of a COPY step (gzip'd tar or tar), sent
-// by the SDK to the URL getFileLink gave, authorized by its token.
+// by the SDK to the URL getFileLink gave, authorized by its token (HEAD
+// only checks the token).
 func (s *Service) putFile(w http.ResponseWriter, r *http.Request) {
 	err := func() error {
 		if s.opts.Images == nil {
@@ -438,18 +444,12 @@ func (s *Service) putFile(w http.ResponseWriter, r *http.Request) {
 			return errdefs.Invalidf("hash: %q is not a SHA-256 in hex", hash)
 		}
 		t := s.templates
-		t.mu.Lock()
-		ok := false
-		if rec := t.byID[id]; rec != nil {
-			for _, b := range rec.Builds {
-				if b.Status == buildWaiting && token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(b.UploadToken)) == 1 {
-					ok = true
-				}
-			}
-		}
-		t.mu.Unlock()
-		if !ok {
+		if !t.uploadAuthorized(id, token) {
 			return errdefs.New(errdefs.ErrUnauthorized, "upload of template %s: no waiting build's token", id)
+		}
+		if r.Method == http.MethodHead {
+			// A gateway asking which node holds the template.
+			return nil
 		}
 		if r.ContentLength > maxTemplateUpload {
 			return errdefs.New(errdefs.ErrTooLarge, "upload: %d bytes, over %d", r.ContentLength, maxTemplateUpload)
@@ -480,6 +480,22 @@ func (s *Service) putFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// uploadAuthorized reports whether token is that of a waiting build of
+// template id.
+func (t *templates) uploadAuthorized(id, token string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ok := false
+	if rec := t.byID[id]; rec != nil && token != "" {
+		for _, b := range rec.Builds {
+			if b.Status == buildWaiting && subtle.ConstantTimeCompare([]byte(token), []byte(b.UploadToken)) == 1 {
+				ok = true
+			}
+		}
+	}
+	return ok
 }
 
 // buildBody is the body of POST /v2/templates/{id}/builds/{build}.

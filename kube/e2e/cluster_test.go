@@ -26,6 +26,8 @@ type env struct {
 	cl client.Client
 	// gateway is the gateway's URL.
 	gateway string
+	// reg is the registry the nodes pull from and push snapshots to.
+	reg *imagetest.Registry
 }
 
 // TestCluster starts a control plane and two agentjail nodes once and
@@ -37,6 +39,7 @@ func TestCluster(t *testing.T) {
 	e := &env{c: c}
 	// The registry branches travel through, on loopback.
 	reg := imagetest.NewRegistry(t)
+	e.reg = reg
 	for i, a := range []kubetest.Agent{kubetest.SeparateAgent, kubetest.ServeKubeNode} {
 		e.nodes = append(e.nodes, kubetest.StartNode(t, c, bins, fmt.Sprintf("aj-node-%d", i), i, a, "--insecure-registry", reg.Host))
 	}
@@ -47,6 +50,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Sandbox", e.testSandbox)
 	t.Run("Branch", e.testBranch)
 	t.Run("E2B", e.testE2B)
+	t.Run("E2BTemplate", e.testE2BTemplate)
 	t.Run("Console", e.testConsole)
 	t.Run("ServeKubeNode", e.testServeKubeNode)
 	t.Run("NodeLost", e.testNodeLost)

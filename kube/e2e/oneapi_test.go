@@ -17,7 +17,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/agentjail/agentjail/internal/image/imagetest"
 	"github.com/agentjail/agentjail/internal/testenv"
 	"github.com/agentjail/agentjail/kube/gateway"
 	"github.com/agentjail/agentjail/kube/internal/kubetest"
@@ -40,32 +42,53 @@ func e2bProject(t *testing.T) string {
 	return dir
 }
 
-// testE2B: the official e2b SDK, unchanged, runs the whole E2B wire
-// contract scenario (test/e2b/compat.test.mjs: commands, streams, files,
-// signed URLs, PTY, pause and resume, fork, snapshots as templates, typed
-// errors) against the gateway; new sandboxes land on both nodes, each
-// reachable through the gateway and held by one node.
-func (e *env) testE2B(t *testing.T) {
+// testE2BTemplate: the SDK's template builds (test/e2b/template.test.mjs)
+// through the gateway: each request about a template, its uploads
+// included, reaches the node that builds it, and sandboxes of a template
+// land there.
+func (e *env) testE2BTemplate(t *testing.T) {
 	dir := e2bProject(t)
+	bb := testenv.RequireTool(t, "busybox")
+	// The SDK runs commands with bash: busybox's sh stands in for it.
+	bash := imagetest.Layer(t, imagetest.Entry{Name: "bin/bash", Body: "#!/bin/sh\nexec /bin/sh \"$@\"\n", Mode: 0o755})
+	img := e.reg.Push(t, "test/template-base:1", imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}}, imagetest.Layer(t, imagetest.Busybox(t, bb)...), bash))
+	e.runE2BScenario(t, dir, "template.test.mjs", "AJ_TEST_IMAGE="+img)
+}
+
+// runE2BScenario runs a node test file of test/e2b with the SDK pointed
+// at the gateway (and env added); it fails t, with the gateway's log, if
+// the scenario does.
+func (e *env) runE2BScenario(t *testing.T, dir, file string, env ...string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	base := e.gateway + "/e2b"
-	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "compat.test.mjs")
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", file)
 	cmd.Dir = dir
-	cmd.Env = []string{"E2B_API_KEY=" + e.c.AgentjailToken, "E2B_API_URL=" + base, "E2B_SANDBOX_URL=" + base + "/envd"}
+	cmd.Env = append([]string{"E2B_API_KEY=" + e.c.AgentjailToken, "E2B_API_URL=" + base, "E2B_SANDBOX_URL=" + base + "/envd"}, env...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "E2B_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
 	out, err := cmd.CombinedOutput()
-	t.Logf("node --test compat.test.mjs through the gateway:\n%s", out)
+	t.Logf("node --test %s through the gateway:\n%s", file, out)
 	if err != nil {
 		if b, rerr := os.ReadFile(filepath.Join(e.c.Dir, "gateway.log")); rerr == nil {
 			t.Logf("the gateway's log:\n%s", b)
 		}
-		t.Fatalf("the E2B SDK scenario through the gateway failed: %v", err)
+		t.Fatalf("the E2B scenario %s through the gateway failed: %v", file, err)
 	}
+}
+
+// testE2B: the official e2b SDK, unchanged, runs the whole E2B wire
+// contract scenario (test/e2b/compat.test.mjs: commands, streams, files,
+// signed URLs, PTY, pause and resume, fork, snapshots as templates, typed
+// errors) against the gateway; new sandboxes land on both nodes, each
+// reachable through the gateway and held by one node.
+func (e *env) testE2B(t *testing.T) {
+	e.runE2BScenario(t, e2bProject(t), "compat.test.mjs")
+	base := e.gateway + "/e2b"
 
 	// Two new sandboxes: one on each node, found through the gateway.
 	key := http.Header{"X-Api-Key": {e.c.AgentjailToken}, "Content-Type": {"application/json"}}

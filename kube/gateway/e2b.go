@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -40,11 +41,32 @@ func (g *Gateway) e2b(w http.ResponseWriter, r *http.Request) {
 		g.gather(w, r, r.URL.Path, learnSandboxes)
 	case r.Method == http.MethodGet && rest == "/snapshots":
 		g.gather(w, r, r.URL.Path, nil)
+	case r.Method == http.MethodPost && rest == "/v3/templates":
+		g.e2bTemplateRequest(w, r)
+	case r.Method == http.MethodGet && rest == "/templates":
+		g.gather(w, r, r.URL.Path, nil)
+	case len(seg) == 2 && seg[0] == "templates" && seg[1] == "tags":
+		g.e2bTemplateTags(w, r)
 	case r.Method == http.MethodDelete && len(seg) == 2 && seg[0] == "templates":
+		// A template (by id or name), else a snapshot.
+		if i := g.templateNode(r, seg[1]); i.ok {
+			g.forward(w, r, i.node, r.URL.Path, "")
+			return
+		}
 		n, ok := g.snapshotNode(w, r, seg[1])
 		if ok {
 			g.forward(w, r, n, r.URL.Path, "")
 		}
+	case len(seg) == 3 && seg[0] == "templates" && seg[1] == "aliases":
+		g.located(w, r, templateKey(seg[2]), e2bPrefix+"/templates/"+seg[2], nil)
+	case len(seg) == 4 && seg[0] == "templates" && seg[2] == "files" && (r.Method == http.MethodPut || r.Method == http.MethodHead):
+		// The SDK's upload carries the build's token, no API key: the node
+		// that knows the token holds the template.
+		g.located(w, r, templateKey(seg[1]), r.URL.Path+"?token="+url.QueryEscape(r.URL.Query().Get("token")), nil)
+	case len(seg) >= 2 && seg[0] == "templates":
+		g.located(w, r, templateKey(seg[1]), e2bPrefix+"/templates/"+seg[1], nil)
+	case len(seg) >= 3 && seg[0] == "v2" && seg[1] == "templates":
+		g.located(w, r, templateKey(seg[2]), e2bPrefix+"/templates/"+seg[2], nil)
 	case len(seg) >= 2 && seg[0] == "sandboxes", len(seg) >= 3 && seg[0] == "v2" && seg[1] == "sandboxes":
 		id := seg[1]
 		if seg[0] == "v2" {
@@ -60,24 +82,21 @@ func (g *Gateway) e2b(w http.ResponseWriter, r *http.Request) {
 // the caller's snapshots) on the snapshot's node, else on the next ready
 // node.
 func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxE2BBody+1))
-	if err != nil {
-		writeE2BError(w, http.StatusBadRequest, "reading the body: "+err.Error())
-		return
-	}
-	if len(body) > maxE2BBody {
-		writeE2BError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", maxE2BBody))
-		return
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
 	var req struct {
 		TemplateID string `json:"templateID"`
 	}
-	_ = json.Unmarshal(body, &req) // a bad body is the daemon's to refuse
+	if !readE2BBody(w, r, &req) {
+		return
+	}
 	if t := req.TemplateID; t != "" && t != "base" {
 		if n, ok := g.snapshotNode(nil, r, t); ok {
 			g.forward(w, r, n, r.URL.Path, "")
+			return
+		}
+		// A template built on a node: NAME[:TAG] or its id.
+		name, _, _ := strings.Cut(t, ":")
+		if i := g.templateNode(r, name); i.ok {
+			g.forward(w, r, i.node, r.URL.Path, "")
 			return
 		}
 	}
@@ -87,6 +106,103 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.forward(w, r, n, r.URL.Path, "")
+}
+
+// templateKey is the location cache's key of a template id or name.
+func templateKey(ref string) string { return "e2b-template/" + ref }
+
+// found is a node found to hold something.
+type found struct {
+	node agentNode
+	ok   bool
+}
+
+// templateNode finds the node that holds the caller's template ref (an id
+// or a name): the one whose daemon answers HEAD /e2b/templates/REF.
+func (g *Gateway) templateNode(r *http.Request, ref string) found {
+	ns, err := g.nodes(r.Context())
+	if err != nil || ref == "" {
+		return found{}
+	}
+	if name, ok := g.where.get(templateKey(ref)); ok {
+		for _, n := range ns {
+			if n.name == name {
+				return found{n, true}
+			}
+		}
+	}
+	if i := g.probe(r.Context(), r, ns, e2bPrefix+"/templates/"+url.PathEscape(ref), nil); i >= 0 {
+		g.where.put(templateKey(ref), ns[i].name)
+		return found{ns[i], true}
+	}
+	return found{}
+}
+
+// readE2BBody reads a small request body (restoring it for the daemon)
+// into v; a bad body is the daemon's to refuse. It answers and reports
+// false when the body cannot be read or is too large.
+func readE2BBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxE2BBody+1))
+	if err != nil {
+		writeE2BError(w, http.StatusBadRequest, "reading the body: "+err.Error())
+		return false
+	}
+	if len(body) > maxE2BBody {
+		writeE2BError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", maxE2BBody))
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	_ = json.Unmarshal(body, v)
+	return true
+}
+
+// e2bTemplateRequest places a template build: on the node that holds the
+// template of that name, else on the next ready node.
+func (g *Gateway) e2bTemplateRequest(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name  string `json:"name"`
+		Alias string `json:"alias"`
+	}
+	if !readE2BBody(w, r, &req) {
+		return
+	}
+	name := req.Name
+	if name == "" {
+		name = req.Alias
+	}
+	name, _, _ = strings.Cut(name, ":")
+	if i := g.templateNode(r, name); i.ok {
+		g.forward(w, r, i.node, r.URL.Path, "")
+		return
+	}
+	n, err := g.place(r, e2bPrefix+"/templates")
+	if err != nil {
+		g.failE2B(w, err)
+		return
+	}
+	g.forward(w, r, n, r.URL.Path, "")
+}
+
+// e2bTemplateTags sends a tag change to the node of the template its body
+// names (target NAME:TAG, or name).
+func (g *Gateway) e2bTemplateTags(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Target string `json:"target"`
+		Name   string `json:"name"`
+	}
+	if !readE2BBody(w, r, &req) {
+		return
+	}
+	name := req.Name
+	if name == "" {
+		name, _, _ = strings.Cut(req.Target, ":")
+	}
+	if i := g.templateNode(r, name); i.ok {
+		g.forward(w, r, i.node, r.URL.Path, "")
+		return
+	}
+	g.anyNode(w, r)
 }
 
 // snapshotNode finds the node that holds the caller's E2B snapshot id (or

@@ -188,6 +188,9 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, n agentNode, p
 			pr.Out.URL.Path = strings.TrimSuffix(n.api.Path, "/") + p
 			pr.Out.URL.RawPath = ""
 			pr.Out.Host = n.api.Host
+			// The daemon names itself in URLs it returns (template
+			// uploads) by the host the client reached: the gateway's.
+			pr.SetXForwarded()
 		},
 		// Streams (SSE, exec output) are flushed as they come.
 		FlushInterval: -1,

@@ -118,7 +118,7 @@ test('a failing step fails the build with its output, its step and the line that
   assert.ok(logs.some((l) => l.includes('about to fail')), logs.join('\n'))
   await assert.rejects(Sandbox.create('aj-broken'), /no finished build/)
 
-  const missing = await Template.build(Template().fromImage(IMAGE.replace(/busybox:1$/, 'nothing:1')), 'aj-broken').catch((e) => e)
+  const missing = await Template.build(Template().fromImage(IMAGE.replace(/[^/]+$/, 'nothing-here:1')), 'aj-broken').catch((e) => e)
   assert.ok(missing instanceof BuildError, String(missing))
   assert.match(missing.message, /pulling/)
 })
