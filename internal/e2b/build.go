@@ -11,6 +11,8 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -487,13 +489,16 @@ func (s *Service) saveTemplate(id string) {
 }
 
 // finishBuild records a build's end: ready, its tags moved to it, or
-// failed with the reason.
+// failed with the reason. Then the template sheds what no build needs:
+// builds past the newest keepBuilds (unless tagged or under way, their
+// images and snapshots removed), and uploaded archives this build did not
+// use that no build under way uses either.
 func (s *Service) finishBuild(spec buildSpec, image, snapshot string, err error) {
 	t := s.templates
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	rec := t.byID[spec.template]
 	if rec == nil {
+		t.mu.Unlock()
 		return // deleted meanwhile
 	}
 	b := rec.build(spec.build)
@@ -525,7 +530,80 @@ func (s *Service) finishBuild(spec buildSpec, image, snapshot string, err error)
 		b.Log = append(b.Log, logEntry{Time: now, Level: "info", Message: "Template " + rec.Name + " is ready (tags " + strings.Join(b.Tags, ", ") + ")", Step: "finalize"})
 	}
 	rec.UpdatedAt = now
+	dropped := t.trim(rec)
 	if err := t.save(rec); err != nil {
 		s.log.Error("saving a template", "template", rec.ID, "err", err)
+	}
+	t.pruneFiles(rec.ID, spec.body.Steps, b.CreatedAt)
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(withCaller(context.Background(), spec.caller), opTimeout)
+	defer cancel()
+	s.removeBuilds(ctx, dropped)
+}
+
+// keepBuilds is how many builds of a template are kept besides the tagged
+// ones and those under way.
+const keepBuilds = 10
+
+// trim drops the builds of rec past the newest keepBuilds that no tag
+// names and that are over, and returns them; callers hold t.mu.
+func (t *templates) trim(rec *templateRecord) []*buildRecord {
+	tagged := map[string]bool{}
+	for _, tr := range rec.Tags {
+		tagged[tr.Build] = true
+	}
+	var kept, dropped []*buildRecord
+	others := 0
+	for i := len(rec.Builds) - 1; i >= 0; i-- {
+		b := rec.Builds[i]
+		switch {
+		case tagged[b.ID] || b.Status == buildWaiting || b.Status == buildBuilding:
+			kept = append(kept, b)
+		case others < keepBuilds:
+			others++
+			kept = append(kept, b)
+		default:
+			dropped = append(dropped, b)
+		}
+	}
+	slices.Reverse(kept)
+	rec.Builds = kept
+	return dropped
+}
+
+// removeBuilds removes the images and snapshots of builds a template no
+// longer keeps.
+func (s *Service) removeBuilds(ctx context.Context, builds []*buildRecord) {
+	for _, b := range builds {
+		if b.Image != "" {
+			if _, err := s.opts.Images.RemoveImage(ctx, b.Image, false); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				s.log.Warn("removing the image of an old template build", "image", b.Image, "err", err)
+			}
+		}
+		if b.Snapshot != "" {
+			if err := s.jails.DeleteSnapshot(ctx, b.Snapshot); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				s.log.Warn("deleting the snapshot of an old template build", "snapshot", b.Snapshot, "err", err)
+			}
+		}
+	}
+}
+
+// pruneFiles removes the uploaded archives of template tpl that steps do
+// not use, no build under way uses, and that were not uploaded or asked
+// for since since (a build being prepared may need those); callers hold
+// t.mu.
+func (t *templates) pruneFiles(tpl string, steps []buildStep, since time.Time) {
+	used := map[string]bool{}
+	for _, st := range steps {
+		used[st.FilesHash] = true
+	}
+	ents, _ := os.ReadDir(filepath.Join(t.files, tpl))
+	for _, e := range ents {
+		p := t.filePath(tpl, e.Name())
+		info, err := e.Info()
+		if err != nil || used[e.Name()] || t.inUse[p] > 0 || !info.ModTime().Before(since) {
+			continue
+		}
+		_ = os.Remove(p)
 	}
 }

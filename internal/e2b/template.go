@@ -71,6 +71,8 @@ const (
 	buildTimeout = 2 * time.Hour
 	// readyTimeout bounds the wait for a start command's ready check.
 	readyTimeout = 10 * time.Minute
+	// waitingTimeout is how long a build asked for may wait for its start.
+	waitingTimeout = time.Hour
 	// maxBuilds is how many builds run at once; the rest wait.
 	maxBuilds = 2
 	// defaultTag is the tag a build gets when it names none.
@@ -148,7 +150,9 @@ type templates struct {
 	mu      sync.Mutex
 	byID    map[string]*templateRecord
 	running map[string]*runningBuild // by build id
-	wg      sync.WaitGroup
+	// inUse counts the builds under way that use an uploaded archive.
+	inUse map[string]int
+	wg    sync.WaitGroup
 }
 
 // runningBuild is a build under way: cancel stops it, done is closed
@@ -162,7 +166,7 @@ type runningBuild struct {
 // interrupted are marked failed; their jails are returned for removal.
 func openTemplates(dataDir string) (*templates, []string, error) {
 	t := &templates{dir: filepath.Join(dataDir, "e2b", "templates"), files: filepath.Join(dataDir, "e2b", "template-files"),
-		slots: make(chan struct{}, maxBuilds), byID: map[string]*templateRecord{}, running: map[string]*runningBuild{}}
+		slots: make(chan struct{}, maxBuilds), byID: map[string]*templateRecord{}, running: map[string]*runningBuild{}, inUse: map[string]int{}}
 	for _, d := range []string{t.dir, t.files} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, nil, fmt.Errorf("e2b: %w", err)
@@ -346,6 +350,12 @@ func (s *Service) postTemplate(c caller, w http.ResponseWriter, r *http.Request)
 	if err != nil || rec.Tenant != c.key.Tenant {
 		rec = &templateRecord{ID: newSandboxID(), Name: name, Tenant: c.key.Tenant, KeyID: c.key.ID, CreatedAt: now}
 	}
+	// A build asked for and never started (its client went away) is over.
+	for _, ob := range rec.Builds {
+		if ob.Status == buildWaiting && t.running[ob.ID] == nil && now.Sub(ob.CreatedAt) > waitingTimeout {
+			ob.Status, ob.Reason, ob.UpdatedAt = buildError, &buildReason{Message: "the build was never started"}, now
+		}
+	}
 	prev := rec.Builds
 	rec.Builds = append(rec.Builds, bld)
 	rec.UpdatedAt = now
@@ -414,7 +424,8 @@ func (s *Service) getFileLink(c caller, w http.ResponseWriter, r *http.Request) 
 		return errdefs.Conflictf("template %s has no build waiting for its files", rec.ID)
 	}
 	out := map[string]any{"present": false}
-	if _, err := os.Stat(s.templates.filePath(rec.ID, hash)); err == nil {
+	if p := s.templates.filePath(rec.ID, hash); os.Chtimes(p, time.Time{}, time.Now()) == nil {
+		// Marked as asked for: kept for the build being prepared.
 		out["present"] = true
 	}
 	// The URL is the daemon's as the caller reached it (through a proxy
@@ -539,6 +550,10 @@ func (s *Service) postBuild(c caller, w http.ResponseWriter, r *http.Request) er
 		return errdefs.Conflictf("build %s has already started", bld.ID)
 	}
 	t.running[bld.ID] = rb
+	files := spec.files(t)
+	for _, f := range files {
+		t.inUse[f]++
+	}
 	t.wg.Add(1)
 	t.mu.Unlock()
 	go func() {
@@ -548,6 +563,11 @@ func (s *Service) postBuild(c caller, w http.ResponseWriter, r *http.Request) er
 		s.runBuild(ctx, spec)
 		t.mu.Lock()
 		delete(t.running, bld.ID)
+		for _, f := range files {
+			if t.inUse[f]--; t.inUse[f] <= 0 {
+				delete(t.inUse, f)
+			}
+		}
 		t.mu.Unlock()
 	}()
 	w.WriteHeader(http.StatusAccepted)
@@ -589,6 +609,17 @@ func (s *Service) buildSpecOf(c caller, r *http.Request, rec *templateRecord, bl
 		spec.baseImage = base.Image
 	}
 	return spec, nil
+}
+
+// files are the uploaded archives the build's COPY steps use.
+func (spec buildSpec) files(t *templates) []string {
+	var out []string
+	for _, st := range spec.body.Steps {
+		if st.Type == "COPY" {
+			out = append(out, t.filePath(spec.template, st.FilesHash))
+		}
+	}
+	return out
 }
 
 // checkStep refuses a step the builder cannot run.

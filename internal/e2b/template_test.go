@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -312,5 +313,80 @@ func TestRefusedBuild(t *testing.T) {
 	w = call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/files/"+strings.Repeat("1", 64), nil)
 	if !strings.Contains(w.Body.String(), `"present":true`) {
 		t.Errorf("the uploaded files are not present: %s", w.Body)
+	}
+}
+
+// TestTemplateSheds: a template keeps its newest builds (and the tagged
+// ones), removing the images of the others, and the uploaded archives
+// only its last build used.
+func TestTemplateSheds(t *testing.T) {
+	imgs := &fakeImages{}
+	svc, err := New(context.Background(), fuzzJails{apitest.New()}, Options{DataDir: t.TempDir(), AdminToken: testToken, Images: imgs, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	archive := func(name, body string) []byte {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(body))
+		tw.Close()
+		return buf.Bytes()
+	}
+	var tplID string
+	build := func(tag, hash string, data []byte) {
+		var req struct{ TemplateID, BuildID string }
+		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "shed:" + tag})
+		if json.Unmarshal(w.Body.Bytes(), &req) != nil {
+			t.Fatalf("request: %d %s", w.Code, w.Body)
+		}
+		tplID = req.TemplateID
+		var link struct {
+			Present bool
+			URL     string
+		}
+		w = call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/files/"+hash, nil)
+		if json.Unmarshal(w.Body.Bytes(), &link) != nil {
+			t.Fatalf("link: %d %s", w.Code, w.Body)
+		}
+		if !link.Present {
+			r := httptest.NewRequest("PUT", link.URL[strings.Index(link.URL, "/e2b/"):], bytes.NewReader(data))
+			w := httptest.NewRecorder()
+			svc.ServeHTTP(w, r)
+			if w.Code != http.StatusOK {
+				t.Fatalf("upload: %d %s", w.Code, w.Body)
+			}
+		}
+		w = call(t, svc, "POST", "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, map[string]any{"fromImage": "busybox",
+			"steps": []any{map[string]any{"type": "COPY", "args": []string{"f.txt", "/f.txt"}, "filesHash": hash}}})
+		if w.Code != http.StatusAccepted {
+			t.Fatalf("start: %d %s", w.Code, w.Body)
+		}
+		svc.templates.wg.Wait()
+	}
+	hashA, hashB := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	build("first", hashA, archive("f.txt", "a"))
+	build("second", hashB, archive("f.txt", "b"))
+	if _, err := os.Stat(svc.templates.filePath(tplID, hashA)); err == nil {
+		t.Error("the first build's archive outlived the next build that did not use it")
+	}
+	if _, err := os.Stat(svc.templates.filePath(tplID, hashB)); err != nil {
+		t.Errorf("the last build's archive: %v", err)
+	}
+	// Untagged builds past the newest ten go, with their images: the tag
+	// "t" moves to each new build.
+	for range keepBuilds + 3 {
+		build("t", hashB, nil)
+	}
+	svc.templates.mu.Lock()
+	n := len(svc.templates.byID[tplID].Builds)
+	svc.templates.mu.Unlock()
+	// first and second, tagged, the newest (tagged t) and ten untagged.
+	if want := 2 + 1 + keepBuilds; n != want {
+		t.Errorf("builds kept: %d, want %d", n, want)
+	}
+	if len(imgs.removed) != 2 {
+		t.Errorf("images of dropped builds removed: %v, want 2", imgs.removed)
 	}
 }
