@@ -87,10 +87,9 @@ func (b *builder) run(ctx context.Context) (image, snapshot string, err error) {
 	ctx = withCaller(ctx, spec.caller)
 	base := spec.baseImage
 	if base == "" {
-		b.logf("info", "base", "Pulling %s", spec.body.FromImage)
-		img, err := s.opts.Images.PullImage(ctx, spec.body.FromImage, nil)
+		img, err := b.baseImage(ctx, spec.body.FromImage, spec.body.Force)
 		if err != nil {
-			return "", "", atStep("base", fmt.Errorf("pulling %s: %w", spec.body.FromImage, err))
+			return "", "", atStep("base", err)
 		}
 		base = img.ID
 	} else {
@@ -129,6 +128,35 @@ func (b *builder) run(ctx context.Context) (image, snapshot string, err error) {
 		return "", "", atStep("finalize", err)
 	}
 	return tag, snap, nil
+}
+
+// baseImage is the image ref names: the store's, as a Dockerfile's FROM
+// takes a local image, unless force (skipCache) asks for a pull; else
+// pulled, each layer's end in the log.
+func (b *builder) baseImage(ctx context.Context, ref string, force bool) (*model.Image, error) {
+	if !force {
+		img, err := b.s.opts.Images.GetImage(ctx, ref)
+		if err == nil {
+			b.logf("info", "base", "Using %s (%s) from the daemon's store", ref, img.ID)
+			return img, nil
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("looking up %s: %w", ref, err)
+		}
+	}
+	b.logf("info", "base", "Pulling %s", ref)
+	img, err := b.s.opts.Images.PullImage(ctx, ref, func(p model.PullProgress) {
+		switch p.Status {
+		case "exists", "done":
+			b.logf("info", "base", "Layer %s: %s", p.Layer, p.Status)
+		case "failed":
+			b.logf("error", "base", "Layer %s: %s", p.Layer, p.Error)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pulling %s: %w", ref, err)
+	}
+	return img, nil
 }
 
 // newJail creates and records a jail of the build.

@@ -39,6 +39,8 @@ import (
 // Images is what template builds need of the image store (*jail.Manager
 // implements it). Errors carry errdefs kinds.
 type Images interface {
+	// GetImage is the store's image ref names (ErrNotFound when none).
+	GetImage(ctx context.Context, ref string) (*model.Image, error)
 	// PullImage fetches ref into the store (a no-op when it is there and
 	// ref is a digest).
 	PullImage(ctx context.Context, ref string, progress func(model.PullProgress)) (*model.Image, error)

@@ -56,9 +56,20 @@ type fakeImages struct {
 	mu      sync.Mutex
 	commits []model.CommitRequest
 	removed []string
+	pulled  []string
+}
+
+func (f *fakeImages) GetImage(_ context.Context, ref string) (*model.Image, error) {
+	if strings.HasPrefix(ref, "local/") {
+		return &model.Image{ID: "sha256:" + strings.Repeat("c", 64), Tags: []string{ref}}, nil
+	}
+	return nil, errdefs.NotFoundf("image %q not found", ref)
 }
 
 func (f *fakeImages) PullImage(_ context.Context, ref string, _ func(model.PullProgress)) (*model.Image, error) {
+	f.mu.Lock()
+	f.pulled = append(f.pulled, ref)
+	f.mu.Unlock()
 	if strings.Contains(ref, "missing") {
 		return nil, errdefs.NotFoundf("image %q not found", ref)
 	}
@@ -388,5 +399,38 @@ func TestTemplateSheds(t *testing.T) {
 	}
 	if len(imgs.removed) != 2 {
 		t.Errorf("images of dropped builds removed: %v, want 2", imgs.removed)
+	}
+}
+
+// TestBuildBase: a build takes its base from the daemon's store when it is
+// there, as a Dockerfile's FROM does, and pulls it otherwise or when the
+// template skips the cache (force).
+func TestBuildBase(t *testing.T) {
+	imgs := &fakeImages{}
+	svc, err := New(context.Background(), fuzzJails{apitest.New()}, Options{DataDir: t.TempDir(), AdminToken: testToken, Images: imgs, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	for _, b := range []map[string]any{
+		{"fromImage": "local/tool:1"},
+		{"fromImage": "remote/tool:1"},
+		{"fromImage": "local/tool:1", "force": true},
+	} {
+		var req struct{ TemplateID, BuildID string }
+		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "base-test"})
+		if json.Unmarshal(w.Body.Bytes(), &req) != nil {
+			t.Fatalf("request: %d %s", w.Code, w.Body)
+		}
+		if w := call(t, svc, "POST", "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, b); w.Code != http.StatusAccepted {
+			t.Fatalf("start: %d %s", w.Code, w.Body)
+		}
+		svc.templates.wg.Wait()
+		if w := call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil); !strings.Contains(w.Body.String(), `"status":"ready"`) {
+			t.Errorf("%v: %s", b, w.Body)
+		}
+	}
+	if want := []string{"remote/tool:1", "local/tool:1"}; !slices.Equal(imgs.pulled, want) {
+		t.Errorf("pulled %v, want %v", imgs.pulled, want)
 	}
 }
