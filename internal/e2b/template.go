@@ -236,6 +236,11 @@ func (c caller) seesTemplate(r *templateRecord) bool {
 func (t *templates) lookup(c caller, ref string) (*templateRecord, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.lookupLocked(c, ref)
+}
+
+// lookupLocked is lookup for callers that hold t.mu.
+func (t *templates) lookupLocked(c caller, ref string) (*templateRecord, error) {
 	if r, ok := t.byID[ref]; ok && c.seesTemplate(r) {
 		return r, nil
 	}
@@ -346,9 +351,9 @@ func (s *Service) postTemplate(c caller, w http.ResponseWriter, r *http.Request)
 	now := time.Now().UTC()
 	bld := &buildRecord{ID: uuid.NewString(), Status: buildWaiting, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, Tags: tags,
 		UploadToken: newToken(), CreatedAt: now, UpdatedAt: now}
-	rec, err := t.lookup(c, name)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	rec, err := t.lookupLocked(c, name)
 	if err != nil || rec.Tenant != c.key.Tenant {
 		rec = &templateRecord{ID: newSandboxID(), Name: name, Tenant: c.key.Tenant, KeyID: c.key.ID, CreatedAt: now}
 	}
