@@ -76,6 +76,30 @@ test('a template builds from an image, and its sandboxes start from it with the 
   }
 })
 
+test('a template without a start command is its image: sandboxes are jails of it', async () => {
+  await Template.build(Template().fromImage(IMAGE).setEnvs({ KIND: 'plain' }).runCmd('echo plain > /plain.txt'), 'aj-plain')
+  let t0 = performance.now()
+  const sbx = await Sandbox.create('aj-plain', { envs: { FROM_CREATE: 'yes' } })
+  const plainMs = performance.now() - t0
+  t0 = performance.now()
+  const started = await Sandbox.create('aj-app:v1')
+  const startedMs = performance.now() - t0
+  t0 = performance.now()
+  const base = await Sandbox.create()
+  const baseMs = performance.now() - t0
+  try {
+    assert.equal(await run(sbx, 'cat /plain.txt; echo "$KIND/$FROM_CREATE"; test -e /tmp/started || echo no start command'),
+      'plain\nplain/yes\nno start command\n')
+    const info = await (await api('GET', '/sandboxes/' + sbx.sandboxId)).json()
+    assert.equal(info.templateID, 'aj-plain')
+  } finally {
+    await sbx.kill()
+    await started.kill()
+    await base.kill()
+  }
+  console.log(`create → ready: template image ${plainMs.toFixed(0)} ms, template with a start command ${startedMs.toFixed(0)} ms, default template ${baseMs.toFixed(0)} ms`)
+})
+
 test('a rebuild reuses uploaded files, tags move between builds, and sandboxes follow the tags', async () => {
   const logs = []
   const t = appTemplate().runCmd('echo second > /srv/app/build.txt')
@@ -138,7 +162,7 @@ test('bad requests are refused with what is wrong', async () => {
 })
 
 test('deleting a template removes it, and its name no longer starts sandboxes', async () => {
-  for (const name of ['aj-app', 'aj-broken', 'aj-bad']) {
+  for (const name of ['aj-app', 'aj-broken', 'aj-bad', 'aj-plain']) {
     const r = await api('DELETE', `/templates/${name}`)
     assert.equal(r.status, 204, await r.text())
   }
