@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,6 +66,11 @@ func (s *Service) routes() {
 		{"GET /templates/{a}/{b}", false, (*Service).getTemplateSub},
 		{"POST /templates/tags", true, (*Service).postTags},
 		{"DELETE /templates/tags", true, (*Service).deleteTags},
+		// Volumes (volume.go).
+		{"POST /volumes", true, (*Service).postVolume},
+		{"GET /volumes", false, (*Service).listVolumes},
+		{"GET /volumes/{id}", false, (*Service).getVolume},
+		{"DELETE /volumes/{id}", true, (*Service).deleteVolume},
 		// Extensions: the observation of a sandbox.
 		{"GET /sandboxes/{id}/report", false, (*Service).getReport},
 		{"GET /sandboxes/{id}/events", false, (*Service).getEvents},
@@ -75,6 +81,19 @@ func (s *Service) routes() {
 	// its token and no API key.
 	s.mux.HandleFunc("PUT /templates/{id}/files/{hash}", s.putFile)
 	s.mux.HandleFunc("HEAD /templates/{id}/files/{hash}", s.putFile)
+	// The volume content API (E2B_VOLUME_API_URL), with the volume's
+	// token.
+	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request, *os.Root, string) error{
+		"GET /volumecontent/{id}/dir":     s.volumeList,
+		"POST /volumecontent/{id}/dir":    s.volumeMkdir,
+		"GET /volumecontent/{id}/path":    s.volumeStat,
+		"PATCH /volumecontent/{id}/path":  s.volumePatch,
+		"DELETE /volumecontent/{id}/path": s.volumeRemove,
+		"GET /volumecontent/{id}/file":    s.volumeRead,
+		"PUT /volumecontent/{id}/file":    s.volumeWrite,
+	} {
+		s.mux.HandleFunc(pattern, s.volumeContent(h))
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusNotImplemented, "agentjail's E2B-compatible API does not support "+r.Method+" "+r.URL.Path+" (see docs/e2b.md)")
 	})
@@ -227,6 +246,8 @@ func (s *Service) detailJSON(r record) map[string]any {
 	if r.Network != nil {
 		out["network"] = r.Network.infoJSON()
 	}
+	vols := []volumeMount{}
+	out["volumeMounts"] = append(vols, r.Volumes...)
 	return out
 }
 
@@ -258,9 +279,6 @@ func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) 
 	if given(b.MCP) {
 		return errdefs.NotImplementedf("mcp: MCP gateways in sandboxes are not supported by agentjail")
 	}
-	if given(b.Volumes) && string(b.Volumes) != "[]" {
-		return errdefs.NotImplementedf("volumeMounts: E2B volumes are not supported by agentjail")
-	}
 	if given(b.IAM) {
 		return errdefs.NotImplementedf("iam: workload identity tokens are not supported by agentjail")
 	}
@@ -268,7 +286,11 @@ func (s *Service) postSandbox(c caller, w http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
-	spec := createSpec{template: b.TemplateID, timeout: timeout, metadata: b.Metadata, envVars: b.EnvVars, autoPause: b.AutoPause,
+	vols, mounts, err := s.volumeMounts(c, b.Volumes)
+	if err != nil {
+		return err
+	}
+	spec := createSpec{template: b.TemplateID, timeout: timeout, metadata: b.Metadata, envVars: b.EnvVars, autoPause: b.AutoPause, volumes: vols, mounts: mounts,
 		autoResume: b.AutoResume != nil && b.AutoResume.Enabled, pauseFilesOnly: b.AutoPauseMemory != nil && !*b.AutoPauseMemory}
 	if spec.pauseFilesOnly && !spec.autoPause {
 		return errdefs.Invalidf("autoPauseMemory: applies to the pause at the timeout (autoPause)")

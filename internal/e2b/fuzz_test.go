@@ -51,7 +51,8 @@ func (fuzzJails) Commands(context.Context, string) ([]initproto.ProcessInfo, err
 var _ Jails = fuzzJails{}
 
 // e2bFuzzRoutes are the control plane's routes; SBX is a running sandbox,
-// SNAP a snapshot of it, TPL a template with a waiting build BLD.
+// SNAP a snapshot of it, TPL a template with a waiting build BLD, VOL a
+// volume.
 var e2bFuzzRoutes = []struct{ method, path string }{
 	{"POST", "/e2b/v2/sandboxes"},
 	{"POST", "/e2b/sandboxes"},
@@ -79,6 +80,11 @@ var e2bFuzzRoutes = []struct{ method, path string }{
 	{"DELETE", "/e2b/templates/tags"},
 	{"DELETE", "/e2b/templates/TPL"},
 	{"GET", "/e2b/templates"},
+	{"POST", "/e2b/volumes"},
+	{"GET", "/e2b/volumes/VOL"},
+	{"DELETE", "/e2b/volumes/VOL"},
+	{"PUT", "/e2b/volumecontent/VOL/file"},
+	{"GET", "/e2b/volumecontent/VOL/dir"},
 }
 
 // FuzzControlPlane sends arbitrary bodies and queries to the E2B control
@@ -119,6 +125,11 @@ func FuzzControlPlane(f *testing.F) {
 		{22, "", `{"target":"fz:default","tags":["b"]}`},
 		{23, "", `{"name":"fz","tags":["default"]}`},
 		{0, "", `{"templateID":"fz:default"}`},
+		{0, "", `{"volumeMounts":[{"name":"fzv","path":"/data"}]}`},
+		{0, "", `{"volumeMounts":[{"name":"fzv","path":"data"},{"name":"nope","path":"/x"}]}`},
+		{26, "", `{"name":"fzv2"}`},
+		{29, "path=/a/../../b&force=true", "data"},
+		{30, "path=/&depth=3", ""},
 	} {
 		f.Add(s.route, s.query, []byte(s.body))
 	}
@@ -141,6 +152,8 @@ func FuzzControlPlane(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer svc.Close()
+		// volToken authorizes the volume content API once the volume is made.
+		volToken := ""
 		do := func(method, target string, body []byte) *httptest.ResponseRecorder {
 			r, err := http.NewRequest(method, target, bytes.NewReader(body))
 			if err != nil {
@@ -148,6 +161,7 @@ func FuzzControlPlane(f *testing.F) {
 			}
 			r.RequestURI = target
 			r.Header.Set("X-API-KEY", token)
+			r.Header.Set("Authorization", "Bearer "+volToken)
 			w := httptest.NewRecorder()
 			svc.ServeHTTP(w, r)
 			return w
@@ -167,6 +181,12 @@ func FuzzControlPlane(f *testing.F) {
 			t.Fatalf("snapshot: %d %s", w.Code, w.Body)
 		}
 
+		var vol struct{ VolumeID, Token string }
+		w = do("POST", "/e2b/volumes", []byte(`{"name":"fzv"}`))
+		if w.Code != http.StatusCreated || json.Unmarshal(w.Body.Bytes(), &vol) != nil {
+			t.Fatalf("volume: %d %s", w.Code, w.Body)
+		}
+		volToken = vol.Token
 		var tpl struct{ TemplateID, BuildID string }
 		w = do("POST", "/e2b/v3/templates", []byte(`{"name":"fz"}`))
 		if w.Code != http.StatusAccepted || json.Unmarshal(w.Body.Bytes(), &tpl) != nil {
@@ -178,7 +198,7 @@ func FuzzControlPlane(f *testing.F) {
 		if rawQuery != "" {
 			target += "?" + rawQuery
 		}
-		ids := strings.NewReplacer("SBX", sbx.SandboxID, "SNAP", snap.SnapshotID, "TPL", tpl.TemplateID, "BLD", tpl.BuildID)
+		ids := strings.NewReplacer("SBX", sbx.SandboxID, "SNAP", snap.SnapshotID, "TPL", tpl.TemplateID, "BLD", tpl.BuildID, "VOL", vol.VolumeID)
 		target = ids.Replace(target)
 		body = []byte(ids.Replace(string(body)))
 		guard := time.AfterFunc(15*time.Second, func() { panic(fmt.Sprintf("%s %s did not finish in 15s", rt.method, target)) })

@@ -74,6 +74,8 @@ type record struct {
 	// Network holds the E2B network options the sandbox was given (nil:
 	// none, the daemon's default policy).
 	Network *netSettings `json:"network,omitempty"`
+	// Volumes are the volumes mounted in the sandbox.
+	Volumes []volumeMount `json:"volume_mounts,omitempty"`
 	// ExecEnv is added to the environment of every command (the create's
 	// envVars, when the jail was restored rather than started with them).
 	ExecEnv map[string]string `json:"exec_env,omitempty"`
@@ -363,6 +365,9 @@ type createSpec struct {
 	autoResume bool
 	// pauseFilesOnly: the pause at the timeout keeps the files only.
 	pauseFilesOnly bool
+	// volumes are the volumes to mount, mounts the jail's mounts of them.
+	volumes []volumeMount
+	mounts  []config.Mount
 	// network and creds are the E2B network options (nil: none).
 	network *netSettings
 	creds   []config.Credential
@@ -391,6 +396,9 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	// at once (without options: the daemon's default, nothing allowed,
 	// not the snapshotted sandbox's).
 	startWithNetwork := sid == "" && spec.network != nil && len(spec.creds) > 0
+	if sid != "" && len(spec.mounts) > 0 {
+		return nil, errdefs.Invalidf("volumeMounts: a sandbox restored from a snapshot (or a template with a start command) keeps the mounts it was made with; mount volumes in sandboxes of images")
+	}
 	if sid != "" {
 		// A snapshot made by createSnapshot: its files and processes.
 		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
@@ -400,6 +408,7 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 			cfg = tb.sandboxConfig()
 		}
 		cfg.Env = spec.envVars
+		cfg.Isolation.Filesystem.ReadWriteMounts = append(cfg.Isolation.Filesystem.ReadWriteMounts, spec.mounts...)
 		if startWithNetwork {
 			cfg.Isolation.Network = spec.network.policy(config.NetBridge, spec.creds)
 		}
@@ -432,6 +441,7 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		JailID: j.ID, Jails: []string{j.ID}, StartedAt: now, EndAt: now.Add(spec.timeout), AutoPause: spec.autoPause,
 		AutoResume: spec.autoResume, Timeout: spec.timeout, PauseFilesOnly: spec.pauseFilesOnly,
 		CPUCount: cpuCount(j), MemoryMB: int(j.Config.Isolation.Resources.MemoryBytes >> 20), Network: spec.network,
+		Volumes: spec.volumes,
 	}
 	if sid != "" {
 		// A restored jail keeps the environment it was started with.

@@ -121,9 +121,11 @@ type Service struct {
 	store *store
 	// templates are the built templates and their builds.
 	templates *templates
-	mux       *http.ServeMux
-	envd      http.Handler
-	closed    chan struct{}
+	// volumes are the volumes sandboxes mount.
+	volumes *volumes
+	mux     *http.ServeMux
+	envd    http.Handler
+	closed  chan struct{}
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -153,7 +155,11 @@ func New(ctx context.Context, jails Jails, opts Options) (*Service, error) {
 			opts.Log.Warn("destroying the jail of an interrupted template build", "jail", j, "err", err)
 		}
 	}
-	s := &Service{jails: jails, opts: opts, log: opts.Log, store: st, templates: tpl, sandboxes: map[string]*sandbox{},
+	vols, err := openVolumes(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{jails: jails, opts: opts, log: opts.Log, store: st, templates: tpl, volumes: vols, sandboxes: map[string]*sandbox{},
 		watchers: map[string]*pollWatcher{}, closed: make(chan struct{})}
 	recs, err := st.load()
 	if err != nil {

@@ -45,7 +45,7 @@ func e2bProject(t *testing.T) string {
 // testE2BTemplate: the SDK's template builds (test/e2b/template.test.mjs)
 // through the gateway: each request about a template, its uploads
 // included, reaches the node that builds it, and sandboxes of a template
-// land there.
+// land there. Volumes, one node's directories, are refused (501).
 func (e *env) testE2BTemplate(t *testing.T) {
 	dir := e2bProject(t)
 	bb := testenv.RequireTool(t, "busybox")
@@ -53,6 +53,11 @@ func (e *env) testE2BTemplate(t *testing.T) {
 	bash := imagetest.Layer(t, imagetest.Entry{Name: "bin/bash", Body: "#!/bin/sh\nexec /bin/sh \"$@\"\n", Mode: 0o755})
 	img := e.reg.Push(t, "test/template-base:1", imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}}, imagetest.Layer(t, imagetest.Busybox(t, bb)...), bash))
 	e.runE2BScenario(t, dir, "template.test.mjs", "AJ_TEST_IMAGE="+img)
+	// Volumes are one node's directories: the gateway says so.
+	key := http.Header{"X-Api-Key": {e.c.AgentjailToken}, "Content-Type": {"application/json"}}
+	if res, body := do(t, "POST", e.gateway+"/e2b/volumes", key, `{"name":"v"}`); res.StatusCode != http.StatusNotImplemented {
+		t.Errorf("a volume through the gateway: %d %s", res.StatusCode, body)
+	}
 }
 
 // runE2BScenario runs a node test file of test/e2b with the SDK pointed

@@ -41,6 +41,8 @@ func (g *Gateway) e2b(w http.ResponseWriter, r *http.Request) {
 		g.gather(w, r, r.URL.Path, learnSandboxes)
 	case r.Method == http.MethodGet && rest == "/snapshots":
 		g.gather(w, r, r.URL.Path, nil)
+	case seg[0] == "volumes" || seg[0] == "volumecontent":
+		writeE2BError(w, http.StatusNotImplemented, "volumes are a node's directories: use them on a node's daemon, not through the gateway")
 	case r.Method == http.MethodPost && rest == "/v3/templates":
 		g.e2bTemplateRequest(w, r)
 	case r.Method == http.MethodGet && rest == "/templates":

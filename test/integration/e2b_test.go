@@ -171,6 +171,25 @@ func TestE2BNetwork(t *testing.T) {
 	}
 }
 
+// TestE2BVolume runs test/e2b/volume.test.mjs: the SDK's volumes,
+// mounted into sandboxes and served by the content API, and the links a
+// sandbox leaves in one, which must not lead the daemon out of it.
+func TestE2BVolume(t *testing.T) {
+	dir := e2bProject(t)
+	d := shared(t)
+	key := e2bKey(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "volume.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(e2bEnv(d, key), "E2B_VOLUME_API_URL=http://"+d.addr+"/e2b")
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test volume.test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the E2B volume scenario failed: %v", err)
+	}
+}
+
 // TestE2BTemplate runs test/e2b/template.test.mjs: the SDK's
 // Template.build against a daemon that pulls from a registry of the
 // test's, then sandboxes of the templates. Afterwards no build jail and
