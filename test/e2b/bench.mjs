@@ -7,8 +7,13 @@
 //            (POST /jails, POST /jails/{id}/exec of the command the SDK
 //            sends), from this same Node process: the floor the SDK path
 //            adds to (AGENTJAIL_URL, AGENTJAIL_TOKEN)
+//   template-build IMAGE NAME [start]  Template.build() of a template
+//            from IMAGE (with a start command when "start"); answers the
+//            time and the template's image
+//   template-create NAME  Sandbox.create(NAME) then commands.run('true')
+//   rest-image-create REF  POST /jails of the image REF, then the exec
 //   quit     kill the kept sandbox and jail and exit
-import { Sandbox } from 'e2b'
+import { Sandbox, Template, waitForFile } from 'e2b'
 import readline from 'node:readline'
 
 const api = process.env.AGENTJAIL_URL
@@ -31,9 +36,32 @@ async function restExec(id) {
 let kept
 let keptJail
 for await (const line of readline.createInterface({ input: process.stdin })) {
-  const op = line.trim()
+  const [op, ...args] = line.trim().split(/\s+/)
   try {
-    if (op === 'create') {
+    if (op === 'template-build') {
+      const [image, name, start] = args
+      let t = Template().fromImage(image).runCmd('echo built > /built.txt')
+      if (start === 'start') t = t.setStartCmd('touch /tmp/started; exec sleep 100000', waitForFile('/tmp/started'))
+      const t0 = performance.now()
+      const info = await Template.build(t, name)
+      const ms = performance.now() - t0
+      console.log(JSON.stringify({ ms, image: `agentjail.template/${info.templateId}:${info.buildId}` }))
+    } else if (op === 'template-create') {
+      const t0 = performance.now()
+      const s = await Sandbox.create(args[0])
+      const r = await s.commands.run('true')
+      const ms = performance.now() - t0
+      if (r.exitCode !== 0) throw new Error(`true exited ${r.exitCode}`)
+      await s.kill()
+      console.log(JSON.stringify({ ms }))
+    } else if (op === 'rest-image-create') {
+      const t0 = performance.now()
+      const j = await rest('POST', '/jails', { name: `e2b-bench-${process.pid}-${n++}`, isolation: { filesystem: { rootfs: 'image:' + args[0] } } })
+      await restExec(j.id)
+      const ms = performance.now() - t0
+      await rest('DELETE', `/jails/${j.id}`)
+      console.log(JSON.stringify({ ms }))
+    } else if (op === 'create') {
       const t0 = performance.now()
       const s = await Sandbox.create()
       const r = await s.commands.run('true')

@@ -55,6 +55,13 @@ test('a volume is shared by sandboxes and served by its content API, never beyon
 
     // A mounted volume is not destroyed.
     await assert.rejects(Volume.destroy(vol.volumeId), /mounted by sandbox/)
+
+    // Paused and resumed, a sandbox has its volume again, with what was
+    // written meanwhile.
+    assert.equal(await b.pause(), true)
+    await vol.writeFile('/while-paused.txt', 'written while paused\n')
+    const resumed = await Sandbox.connect(b.sandboxId)
+    assert.equal(await run(resumed, 'cat /mnt/v/while-paused.txt'), 'written while paused\n')
   } finally {
     await a.kill()
     await b.kill()

@@ -53,6 +53,14 @@ func newSDKBench(b *testing.B, d *daemon) *sdkBench {
 // op runs one operation and returns the time the SDK measured.
 func (s *sdkBench) op(b *testing.B, name string) time.Duration {
 	b.Helper()
+	d, _ := s.opImage(b, name)
+	return d
+}
+
+// opImage runs one operation and returns the time the SDK measured and
+// the image it names (template-build).
+func (s *sdkBench) opImage(b *testing.B, name string) (time.Duration, string) {
+	b.Helper()
 	if _, err := fmt.Fprintln(s.in, name); err != nil {
 		b.Fatal(err)
 	}
@@ -61,12 +69,13 @@ func (s *sdkBench) op(b *testing.B, name string) time.Duration {
 	}
 	var res struct {
 		Ms    float64 `json:"ms"`
+		Image string  `json:"image"`
 		Error string  `json:"error"`
 	}
 	if err := json.Unmarshal(s.out.Bytes(), &res); err != nil || res.Error != "" {
 		b.Fatalf("bench.mjs %s: %s %v", name, s.out.Text(), err)
 	}
-	return time.Duration(res.Ms * float64(time.Millisecond))
+	return time.Duration(res.Ms * float64(time.Millisecond)), res.Image
 }
 
 // sdkArgv is what the SDK's commands.run('true') asks the sandbox to run:
@@ -130,6 +139,31 @@ func BenchmarkE2BRunTrue(b *testing.B) {
 	b.StopTimer()
 	reportRatio(b, ours, ref, 1.5)
 	b.ReportMetric(ms(median(goRef)), "go-ms")
+}
+
+// BenchmarkE2BTemplateCreate times Sandbox.create() of a template built
+// with Template.build() (a jail of its image), then commands.run('true'),
+// against REST create of a jail of the same image, then the exec; and,
+// beside them, the create of a template with a start command (a restore
+// of its snapshot, the command running) and each template's build.
+func BenchmarkE2BTemplateCreate(b *testing.B) {
+	e := newImageEnv(b)
+	base := e.pushSDKImage(b, "test/bench-base:1")
+	sdk := newSDKBench(b, e.d)
+	build, image := sdk.opImage(b, "template-build "+base+" bench-plain")
+	buildStarted, _ := sdk.opImage(b, "template-build "+base+" bench-started start")
+	var ours, ref, started []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		ours = append(ours, sdk.op(b, "template-create bench-plain"))
+		ref = append(ref, sdk.op(b, "rest-image-create "+image))
+		started = append(started, sdk.op(b, "template-create bench-started"))
+	}
+	b.StopTimer()
+	reportRatio(b, ours, ref, 1.5)
+	b.ReportMetric(ms(median(started)), "start-cmd-ms")
+	b.ReportMetric(ms(build), "build-ms")
+	b.ReportMetric(ms(buildStarted), "build-start-cmd-ms")
 }
 
 // reportRatio reports agentjail's and the reference's medians, their ratio

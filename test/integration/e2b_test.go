@@ -190,6 +190,14 @@ func TestE2BVolume(t *testing.T) {
 	}
 }
 
+// pushSDKImage pushes to e's registry, as repoTag, an image of busybox
+// whose /bin/bash runs busybox's sh (the SDK runs commands with bash),
+// with no user or work dir of its own, and returns its reference.
+func (e *imageEnv) pushSDKImage(tb testing.TB, repoTag string) string {
+	bash := imagetest.Layer(tb, imagetest.Entry{Name: "bin/bash", Body: "#!/bin/sh\nexec /bin/sh \"$@\"\n", Mode: 0o755})
+	return e.reg.Push(tb, repoTag, imagetest.Image(tb, v1.Config{Env: []string{"PATH=/bin"}}, e.baseLayer(tb), bash))
+}
+
 // TestE2BTemplate runs test/e2b/template.test.mjs: the SDK's
 // Template.build against a daemon that pulls from a registry of the
 // test's, then sandboxes of the templates. Afterwards no build jail and
@@ -197,9 +205,7 @@ func TestE2BVolume(t *testing.T) {
 func TestE2BTemplate(t *testing.T) {
 	dir := e2bProject(t)
 	e := newImageEnv(t)
-	// The SDK runs commands with bash: busybox's sh stands in for it.
-	bash := imagetest.Layer(t, imagetest.Entry{Name: "bin/bash", Body: "#!/bin/sh\nexec /bin/sh \"$@\"\n", Mode: 0o755})
-	plain := e.reg.Push(t, "test/plain/busybox:1", imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}}, e.baseLayer(t), bash))
+	plain := e.pushSDKImage(t, "test/plain/busybox:1")
 	key := e2bKey(t, e.d)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

@@ -32,7 +32,7 @@ type imageEnv struct {
 	img v1.Image
 }
 
-func newImageEnv(t *testing.T) *imageEnv {
+func newImageEnv(t testing.TB) *imageEnv {
 	t.Helper()
 	bb := testenv.RequireTool(t, "busybox")
 	reg := imagetest.NewRegistry(t)
@@ -300,7 +300,7 @@ func TestImageJails(t *testing.T) {
 }
 
 // baseLayer is the busybox layer of e's image.
-func (e *imageEnv) baseLayer(t *testing.T) v1.Layer {
+func (e *imageEnv) baseLayer(t testing.TB) v1.Layer {
 	ls, err := e.img.Layers()
 	if err != nil {
 		t.Fatal(err)
