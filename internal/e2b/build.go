@@ -95,7 +95,7 @@ func (b *builder) run(ctx context.Context) (image, snapshot string, err error) {
 	} else {
 		b.logf("info", "base", "Building on template %s", spec.body.FromTemplate)
 	}
-	cfg := (&buildRecord{Image: base, CPUCount: spec.cpu, MemoryMB: spec.memoryMB}).sandboxConfig()
+	cfg := imageJailConfig(base, spec.cpu, spec.memoryMB)
 	cfg.Isolation.Network = (&netSettings{Internet: true}).policy(config.NetBridge, nil)
 	j, err := b.newJail(ctx, cfg, "build")
 	if err != nil {
@@ -192,8 +192,9 @@ func (b *builder) step(ctx context.Context, step string, st buildStep) error {
 		return b.copy(ctx, step, st)
 	case "ENV":
 		for i := 0; i < len(st.Args); i += 2 {
-			kv := st.Args[i] + "=" + st.Args[i+1]
-			b.env = append(slicesDeleteVar(b.env, st.Args[i]), kv)
+			name := st.Args[i]
+			b.env = slices.DeleteFunc(b.env, func(kv string) bool { return strings.HasPrefix(kv, name+"=") })
+			b.env = append(b.env, name+"="+st.Args[i+1])
 		}
 		return nil
 	case "WORKDIR":
@@ -205,17 +206,6 @@ func (b *builder) step(ctx context.Context, step string, st buildStep) error {
 		return nil
 	}
 	return errdefs.Invalidf("unknown step %q", st.Type)
-}
-
-// slicesDeleteVar drops name's entries from env.
-func slicesDeleteVar(env []string, name string) []string {
-	out := env[:0]
-	for _, kv := range env {
-		if n, _, _ := strings.Cut(kv, "="); n != name {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // abs resolves p against the work dir.
@@ -566,7 +556,9 @@ func (s *Service) finishBuild(spec buildSpec, image, snapshot string, err error)
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(withCaller(context.Background(), spec.caller), opTimeout)
 	defer cancel()
-	s.removeBuilds(ctx, dropped)
+	if err := s.removeBuilds(ctx, dropped); err != nil {
+		s.log.Warn("removing old template builds", "template", spec.template, "err", err)
+	}
 }
 
 // keepBuilds is how many builds of a template are kept besides the tagged
@@ -599,21 +591,23 @@ func (t *templates) trim(rec *templateRecord) []*buildRecord {
 	return dropped
 }
 
-// removeBuilds removes the images and snapshots of builds a template no
-// longer keeps.
-func (s *Service) removeBuilds(ctx context.Context, builds []*buildRecord) {
+// removeBuilds removes the images (untagged: removed once no sandbox
+// uses them) and snapshots of builds a template no longer keeps.
+func (s *Service) removeBuilds(ctx context.Context, builds []*buildRecord) error {
+	var errs []error
 	for _, b := range builds {
 		if b.Image != "" {
 			if _, err := s.opts.Images.RemoveImage(ctx, b.Image, false); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				s.log.Warn("removing the image of an old template build", "image", b.Image, "err", err)
+				errs = append(errs, err)
 			}
 		}
 		if b.Snapshot != "" {
 			if err := s.jails.DeleteSnapshot(ctx, b.Snapshot); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				s.log.Warn("deleting the snapshot of an old template build", "snapshot", b.Snapshot, "err", err)
+				errs = append(errs, err)
 			}
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // pruneFiles removes the uploaded archives of template tpl that steps do

@@ -246,8 +246,7 @@ func (s *Service) detailJSON(r record) map[string]any {
 	if r.Network != nil {
 		out["network"] = r.Network.infoJSON()
 	}
-	vols := []volumeMount{}
-	out["volumeMounts"] = append(vols, r.Volumes...)
+	out["volumeMounts"] = nonNil(r.Volumes)
 	return out
 }
 

@@ -197,9 +197,9 @@ func (n *netSettings) infoJSON() map[string]any {
 	return out
 }
 
-func nonNil(s []string) []string {
+func nonNil[T any](s []T) []T {
 	if s == nil {
-		return []string{}
+		return []T{}
 	}
 	return s
 }

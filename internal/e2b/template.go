@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -226,7 +227,7 @@ func (t *templates) filePath(tpl, hash string) string {
 	return filepath.Join(t.files, tpl, hash)
 }
 
-// visible reports whether c may use r.
+// seesTemplate reports whether c may use r.
 func (c caller) seesTemplate(r *templateRecord) bool {
 	return c.key.Role == apikey.RoleAdmin || c.key.Tenant == r.Tenant
 }
@@ -678,9 +679,11 @@ func (s *Service) getBuildStatus(c caller, w http.ResponseWriter, r *http.Reques
 	}
 	offset := 0
 	if v := r.URL.Query().Get("logsOffset"); v != "" {
-		if _, err := fmt.Sscan(v, &offset); err != nil || offset < 0 {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
 			return errdefs.Invalidf("logsOffset: %q is not a non-negative integer", v)
 		}
+		offset = n
 	}
 	s.templates.mu.Lock()
 	defer s.templates.mu.Unlock()
@@ -900,20 +903,10 @@ func (s *Service) deleteTemplate(ctx context.Context, rec *templateRecord) error
 		case <-rb.done:
 		}
 	}
-	var errs []error
-	for _, b := range rec.Builds {
-		if b.Image != "" {
-			if _, err := s.opts.Images.RemoveImage(ctx, b.Image, false); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				errs = append(errs, err)
-			}
-		}
-		if b.Snapshot != "" {
-			if err := s.jails.DeleteSnapshot(ctx, b.Snapshot); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	t.mu.Lock()
+	builds := slices.Clone(rec.Builds)
+	t.mu.Unlock()
+	if err := s.removeBuilds(ctx, builds); err != nil {
 		return err
 	}
 	t.mu.Lock()
@@ -930,14 +923,20 @@ func (s *Service) deleteTemplate(ctx context.Context, rec *templateRecord) error
 
 // sandboxConfig is the jail configuration of a sandbox of build b.
 func (b *buildRecord) sandboxConfig() config.Config {
+	return imageJailConfig(b.Image, b.CPUCount, b.MemoryMB)
+}
+
+// imageJailConfig is the configuration of a jail of image with the CPUs
+// and memory a build asked for (0: the daemon's defaults).
+func imageJailConfig(image string, cpus, memoryMB int) config.Config {
 	var cfg config.Config
-	cfg.Isolation.Filesystem.Rootfs = config.RootfsImagePrefix + b.Image
-	if b.CPUCount > 0 {
+	cfg.Isolation.Filesystem.Rootfs = config.RootfsImagePrefix + image
+	if cpus > 0 {
 		cfg.Isolation.Resources.CPUPeriod = 100000
-		cfg.Isolation.Resources.CPUQuota = int64(b.CPUCount) * 100000
+		cfg.Isolation.Resources.CPUQuota = int64(cpus) * 100000
 	}
-	if b.MemoryMB > 0 {
-		cfg.Isolation.Resources.MemoryBytes = int64(b.MemoryMB) << 20
+	if memoryMB > 0 {
+		cfg.Isolation.Resources.MemoryBytes = int64(memoryMB) << 20
 	}
 	return cfg
 }

@@ -286,6 +286,14 @@ func volumePath(p string) (string, error) {
 	return strings.TrimPrefix(c, "/"), nil
 }
 
+// volumeAbs is the volume path of root-relative p.
+func volumeAbs(p string) string {
+	if p == "." {
+		return "/"
+	}
+	return "/" + p
+}
+
 // volumeError gives file system errors their kinds.
 func volumeError(err error) error {
 	switch {
@@ -312,10 +320,10 @@ func entryJSON(root *os.Root, p string, fi fs.FileInfo) map[string]any {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		typ = "symlink"
 	}
-	out := map[string]any{"name": fi.Name(), "path": "/" + strings.TrimPrefix(p, "."), "size": fi.Size(), "type": typ,
+	out := map[string]any{"name": fi.Name(), "path": volumeAbs(p), "size": fi.Size(), "type": typ,
 		"mode": uint32(fi.Mode().Perm()), "mtime": fi.ModTime().UTC().Format(time.RFC3339Nano)}
 	if p == "." {
-		out["path"], out["name"] = "/", "/"
+		out["name"] = "/"
 	}
 	out["atime"], out["ctime"] = out["mtime"], out["mtime"]
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
@@ -411,7 +419,7 @@ func (s *Service) volumeList(w http.ResponseWriter, r *http.Request, root *os.Ro
 		return err
 	}
 	if !fi.IsDir() {
-		return errdefs.Invalidf("%s is not a directory", "/"+strings.TrimPrefix(p, "."))
+		return errdefs.Invalidf("%s is not a directory", volumeAbs(p))
 	}
 	out := []map[string]any{}
 	var walk func(dir string, d int) error
@@ -529,7 +537,7 @@ func (s *Service) volumeRead(w http.ResponseWriter, r *http.Request, root *os.Ro
 		return err
 	}
 	if !fi.Mode().IsRegular() {
-		return errdefs.Invalidf("%s is not a file", "/"+p)
+		return errdefs.Invalidf("%s is not a file", volumeAbs(p))
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
@@ -559,7 +567,7 @@ func (s *Service) volumeWrite(w http.ResponseWriter, r *http.Request, root *os.R
 		err = cerr
 	}
 	if err != nil {
-		return errdefs.Wrap(errdefs.ErrInvalid, err, "writing %s", "/"+p)
+		return errdefs.Wrap(errdefs.ErrInvalid, err, "writing %s", volumeAbs(p))
 	}
 	if n > maxVolumeWrite {
 		_ = root.Remove(p)
