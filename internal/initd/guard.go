@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -63,4 +64,62 @@ func tracerPid() (int, error) {
 func stopped(pid int) bool {
 	st, err := procstat.Read(pid)
 	return err == nil && st.Stopped()
+}
+
+// withoutReadOverride runs fork on an OS thread whose effective
+// capabilities lack CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (capabilities
+// are a thread's: the process's other threads keep them), so that a
+// process it starts execs as one that cannot read files it has no read
+// permission on. The thread has them again before anything else runs on
+// it; if they cannot be restored, its goroutine exits locked to it, so
+// that nothing ever runs there again.
+func withoutReadOverride(fork func() (int, error)) (int, error) {
+	type result struct {
+		pid int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		var r result
+		saved, err := dropReadOverride()
+		if err != nil {
+			runtime.UnlockOSThread() // capset changes nothing when it fails
+			ch <- result{err: err}
+			return
+		}
+		r.pid, r.err = fork()
+		ch <- r
+		if setCaps(saved) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	r := <-ch
+	return r.pid, r.err
+}
+
+// capState is a thread's capability sets.
+type capState [2]unix.CapUserData
+
+// dropReadOverride clears CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the
+// calling thread's effective capabilities (they stay permitted) and
+// returns the sets it had.
+func dropReadOverride() (capState, error) {
+	var saved capState
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if err := unix.Capget(&hdr, &saved[0]); err != nil {
+		return saved, fmt.Errorf("capget: %w", err)
+	}
+	dropped := saved
+	dropped[0].Effective &^= 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_DAC_READ_SEARCH
+	return saved, setCaps(dropped)
+}
+
+// setCaps sets the calling thread's capability sets.
+func setCaps(c capState) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if err := unix.Capset(&hdr, &c[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	return nil
 }

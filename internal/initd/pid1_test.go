@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/initclient"
+	"github.com/agentjail/agentjail/internal/initd"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/testenv"
 )
@@ -27,6 +28,9 @@ const dialEnv = "AGENTJAIL_TEST_DIAL"
 func TestMain(m *testing.M) {
 	if sock := os.Getenv(dialEnv); sock != "" {
 		os.Exit(dialAndPrint(sock))
+	}
+	if os.Getenv(initd.DumpableEnv) != "" {
+		os.Exit(initd.PrintDumpable())
 	}
 	os.Exit(m.Run())
 }

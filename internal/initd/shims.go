@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -90,6 +91,9 @@ type shimPool struct {
 
 	// maxIdle bounds the idle pool (InitConfig.IdleShims).
 	maxIdle int
+	// execNeedsRead is set once the kernel refused to run the shim binary
+	// without read permission (see forkShim).
+	execNeedsRead atomic.Bool
 
 	mu        sync.Mutex
 	idle      []*shimProc
@@ -272,7 +276,7 @@ func (sp *shimPool) spawn() (*shimProc, error) {
 	}
 	sh := &shimProc{ctrl: os.NewFile(uintptr(fds[0]), "shim-ctrl"), done: make(chan struct{})}
 	pid, err := sp.reaper.start(func() (int, error) {
-		return syscall.ForkExec(sp.path, sp.argv, &syscall.ProcAttr{
+		return sp.forkShim(&syscall.ProcAttr{
 			Dir:   "/",
 			Env:   []string{"GOMAXPROCS=1"},
 			Files: []uintptr{uintptr(sp.devnull), sp.stderr, sp.stderr, uintptr(fds[1])},
@@ -288,6 +292,26 @@ func (sp *shimPool) spawn() (*shimProc, error) {
 	}
 	sh.pid = pid
 	return sh, nil
+}
+
+// forkShim starts the shim binary. The daemon installs that binary
+// without read permission, so a shim started without the capabilities
+// that override it is made non-dumpable by the kernel at its execve, as a
+// set-uid program is: no jail process can attach to it in the moments
+// before protectSelf runs. Where the kernel will not run a binary its
+// caller cannot read (gVisor's), shims start with those capabilities and
+// protect themselves at their first instructions.
+func (sp *shimPool) forkShim(attr *syscall.ProcAttr) (int, error) {
+	if !sp.execNeedsRead.Load() {
+		pid, err := withoutReadOverride(func() (int, error) {
+			return syscall.ForkExec(sp.path, sp.argv, attr)
+		})
+		if !errors.Is(err, syscall.EACCES) {
+			return pid, err
+		}
+		sp.execNeedsRead.Store(true)
+	}
+	return syscall.ForkExec(sp.path, sp.argv, attr)
 }
 
 // close stops handing out shims, lets idle shims exit and kills the

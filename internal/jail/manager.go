@@ -347,6 +347,14 @@ func defaultPoolSize(dir string) int64 {
 	return max(min(def, free), 2*config.GiB)
 }
 
+// initBinaryMode is the installed init binary's mode: executable by
+// everyone, readable by no one without a capability that overrides file
+// permissions. A process that execs a binary it cannot read is made
+// non-dumpable by the kernel, so init's shims (started without those
+// capabilities) can never be traced by a jail's processes, not even
+// before they protect themselves.
+const initBinaryMode = 0o111
+
 // installBinary copies the running executable into DATA_DIR/bin under a
 // content-addressed name, so jails keep the init they started with even
 // when the daemon's binary is replaced.
@@ -361,10 +369,15 @@ func installBinary(dataDir string) (string, error) {
 	}
 	sum := sha256.Sum256(data)
 	dst := filepath.Join(dataDir, "bin", "agentjail-"+hex.EncodeToString(sum[:6]))
-	if _, err := os.Stat(dst); err == nil {
+	if st, err := os.Stat(dst); err == nil {
+		if st.Mode().Perm() != initBinaryMode {
+			if err := os.Chmod(dst, initBinaryMode); err != nil {
+				return "", fmt.Errorf("installing the init binary: %w", err)
+			}
+		}
 		return dst, nil
 	}
-	if err := atomicfile.WriteFile(dst, data, 0o755); err != nil {
+	if err := atomicfile.WriteFile(dst, data, initBinaryMode); err != nil {
 		return "", fmt.Errorf("installing the init binary: %w", err)
 	}
 	return dst, nil

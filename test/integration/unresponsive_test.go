@@ -187,3 +187,103 @@ func TestUnresponsiveInit(t *testing.T) {
 	}
 	d.api.want(t, http.StatusNoContent, "DELETE", "/jails/"+j.ID, nil, nil)
 }
+
+// shimRaceAttack is a jail root racing init's new shims: it attaches
+// (PTRACE_SEIZE) to each process as soon as its pid is handed out (pids of
+// a namespace come in order, /proc/sys/kernel/ns_last_pid names the last),
+// so it reaches a new shim in the moments between its execve and its first
+// instructions. It stops each process it caught (PTRACE_INTERRUPT) and
+// lets it go on, handing back a signal the stop intercepted, and prints
+// how many shims it caught and how many other processes (the commands the
+// shims start, which stay debuggable).
+const shimRaceAttack = `
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+SEIZE, INTERRUPT, DETACH, WALL = 0x4206, 0x4207, 17, 0x40000000
+me = os.getpid()
+shims, others = 0, set()
+open('/tmp/race-ready', 'w').close()
+while not os.path.exists('/tmp/race-stop'):
+    last = int(open('/proc/sys/kernel/ns_last_pid').read())
+    for pid in range(last - 1, last + 3):
+        if pid <= 1 or pid == me or libc.ptrace(SEIZE, pid, None, None) != 0:
+            continue
+        try:
+            cmd = open('/proc/%d/cmdline' % pid, 'rb').read()
+        except OSError:
+            cmd = b''
+        sig = 0
+        if libc.ptrace(INTERRUPT, pid, None, None) == 0:
+            try:
+                _, st = os.waitpid(pid, WALL)
+                if os.WIFSTOPPED(st) and os.WSTOPSIG(st) != signal.SIGTRAP:
+                    sig = os.WSTOPSIG(st)
+            except ChildProcessError:
+                pass
+        libc.ptrace(DETACH, pid, None, sig or None)
+        if b'--shim' in cmd:
+            shims += 1
+            print('caught shim %d' % pid)
+        else:
+            others.add(pid)
+print('shims %d others %d' % (shims, len(others)))
+`
+
+// TestNewShimsCannotBeTraced races init's shim pool: while a jail's root
+// attaches to every new process the moment it exists, the jail runs
+// commands that each leave a process behind (the shim stays with it, so
+// init starts a new shim for the next). No shim may ever be attached, not
+// even in the moments before it could protect itself; the commands the
+// shims start are caught (the race is won), and the jail keeps answering.
+func TestNewShimsCannotBeTraced(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	type result struct {
+		res execResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		resp, err := d.api.send("POST", "/jails/"+j.ID+"/exec", execReq{Cmd: []string{"python3", "-c", shimRaceAttack}, User: "root", TimeoutMs: 300_000})
+		switch {
+		case err != nil:
+			r.err = err
+		case resp.status != http.StatusOK:
+			r.err = fmt.Errorf("the attack's exec: %s", resp)
+		default:
+			r.err = json.Unmarshal(resp.body, &r.res)
+		}
+		done <- r
+	}()
+	d.waitSh(t, j.ID, "test -e /tmp/race-ready", time.Minute, "the attack ready")
+	// Each command leaves a process behind: its shim stays with it, so the
+	// next command needs a new shim.
+	const commands = 150
+	for i := 0; i < commands; i++ {
+		if res := d.shAs(t, j.ID, "root", "sleep 0.1 &"); res.ExitCode != 0 {
+			t.Fatalf("command %d beside the attack: %s", i, &res)
+		}
+	}
+	d.mustSh(t, j.ID, "touch /tmp/race-stop")
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.res.ExitCode != 0 {
+		t.Fatalf("the attack: %s", &r.res)
+	}
+	t.Logf("the attack: %s", r.res.Stdout)
+	var shims, others int
+	lines := strings.Split(strings.TrimSpace(r.res.Stdout), "\n")
+	if _, err := fmt.Sscanf(lines[len(lines)-1], "shims %d others %d", &shims, &others); err != nil {
+		t.Fatalf("the attack's summary %q: %v", lines[len(lines)-1], err)
+	}
+	if shims != 0 {
+		t.Errorf("the attack attached to %d new shims", shims)
+	}
+	if others == 0 {
+		t.Errorf("the attack caught none of the %d commands: the race was never run", commands)
+	}
+}
