@@ -387,3 +387,41 @@ func TestManagerLevels(t *testing.T) {
 		t.Errorf("health levels check: %+v", c)
 	}
 }
+
+// TestInstallBinaryUnreadable installs the running binary as the jails'
+// init: executable, not readable without a capability; a copy an older
+// daemon installed readable is made unreadable in place.
+func TestInstallBinaryUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	mode := func(path string) os.FileMode {
+		t.Helper()
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Mode().Perm()
+	}
+	if err := os.Mkdir(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := installBinary(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := mode(bin); m != 0o111 {
+		t.Fatalf("installed with mode %v, want 0111", m)
+	}
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	again, err := installBinary(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != bin {
+		t.Fatalf("installed again as %s, want %s", again, bin)
+	}
+	if m := mode(bin); m != 0o111 {
+		t.Fatalf("a readable copy left with mode %v, want 0111", m)
+	}
+}
