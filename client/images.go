@@ -22,6 +22,8 @@ type (
 	ImageConfig = model.ImageConfig
 	// PullProgress is one step of a pull or load.
 	PullProgress = model.PullProgress
+	// RegistryAuth is the credentials PullWithAuth presents to a registry.
+	RegistryAuth = model.RegistryAuth
 	// ImageRemoval says what RemoveImage did.
 	ImageRemoval = model.ImageRemoval
 	// ImagePrune says what PruneImages removed.
@@ -65,9 +67,19 @@ func (c *Client) GetImage(ctx context.Context, ref string) (*Image, error) {
 }
 
 // Pull pulls ref into the daemon's store, calling progress (when not nil)
-// for every step of every layer.
+// for every step of every layer. The daemon pulls with the credentials of
+// its docker config.
 func (c *Client) Pull(ctx context.Context, ref string, progress func(PullProgress)) (*Image, error) {
-	b, err := json.Marshal(map[string]string{"ref": ref})
+	return c.PullWithAuth(ctx, ref, nil, progress)
+}
+
+// PullWithAuth is Pull presenting auth (when not nil) to the registry
+// instead of the daemon's docker config: a private image.
+func (c *Client) PullWithAuth(ctx context.Context, ref string, auth *RegistryAuth, progress func(PullProgress)) (*Image, error) {
+	b, err := json.Marshal(struct {
+		Ref  string        `json:"ref"`
+		Auth *RegistryAuth `json:"auth,omitempty"`
+	}{ref, auth})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -57,16 +58,36 @@ func (p *progressPrinter) print(ev client.PullProgress) {
 }
 
 func newPullCmd(g *globals) *cobra.Command {
-	var quiet bool
+	var quiet, passwordStdin bool
+	var username string
 	cmd := &cobra.Command{
 		Use:   "pull REF",
 		Short: "Pull an image from its registry into the daemon's store",
 		Long: `Pull an image (python:3.12-slim, registry.example.com/team/tool:1) for this
 host's platform. Every layer's digest is verified and each layer is unpacked
 once: all jails of an image share it. Credentials come from the daemon's
-~/.docker/config.json; plain-HTTP registries need serve --insecure-registry.`,
+~/.docker/config.json, or for this pull alone from --username and
+--password-stdin (a private image: the password or token is read from
+standard input and not kept); plain-HTTP registries need serve
+--insecure-registry.`,
+		Example: `  agentjail pull python:3.12-slim
+  echo "$TOKEN" | agentjail pull --username robot --password-stdin registry.example.com/team/tool:1`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if (username == "") != !passwordStdin {
+				return usageError{errors.New("pull: --username and --password-stdin go together")}
+			}
+			var auth *client.RegistryAuth
+			if username != "" {
+				pw, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 64<<10))
+				if err != nil {
+					return fmt.Errorf("reading the password: %w", err)
+				}
+				auth = &client.RegistryAuth{Username: username, Password: strings.TrimRight(string(pw), "\r\n")}
+				if auth.Password == "" {
+					return usageError{errors.New("pull: --password-stdin: standard input holds no password")}
+				}
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -75,7 +96,7 @@ once: all jails of an image share it. Credentials come from the daemon's
 			if !quiet && !g.json {
 				progress = newProgressPrinter(cmd.ErrOrStderr())
 			}
-			img, err := c.Pull(cmd.Context(), args[0], progress)
+			img, err := c.PullWithAuth(cmd.Context(), args[0], auth, progress)
 			if err != nil {
 				return err
 			}
@@ -87,6 +108,8 @@ once: all jails of an image share it. Credentials come from the daemon's
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the image id")
+	cmd.Flags().StringVarP(&username, "username", "u", "", "the registry user name for this pull (with --password-stdin)")
+	cmd.Flags().BoolVar(&passwordStdin, "password-stdin", false, "read the registry password or token from standard input")
 	return cmd
 }
 

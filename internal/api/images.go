@@ -26,7 +26,7 @@ type ImageService interface {
 	// step. ErrInvalid for a malformed reference, ErrNotFound when the
 	// registry has no such image, ErrUnprocessable for an image the store
 	// refuses (the message says why); nothing of a failed pull remains.
-	PullImage(ctx context.Context, ref string, progress func(model.PullProgress)) (*model.Image, error)
+	PullImage(ctx context.Context, ref string, auth *model.RegistryAuth, progress func(model.PullProgress)) (*model.Image, error)
 	// LoadImages imports the images of the docker-archive or OCI layout
 	// tar at path (ErrInvalid when it is neither).
 	LoadImages(ctx context.Context, path string, progress func(model.PullProgress)) ([]*model.Image, error)
@@ -132,6 +132,9 @@ type ImageList struct {
 // PullRequest is the body of POST /images/pull.
 type PullRequest struct {
 	Ref string `json:"ref"`
+	// Auth is presented to the registry instead of the daemon's docker
+	// config (a private image); it is neither logged nor kept.
+	Auth *model.RegistryAuth `json:"auth,omitempty"`
 }
 
 // PruneRequest is the body of POST /images/prune.
@@ -260,8 +263,11 @@ func (s *server) pullImage(w http.ResponseWriter, r *http.Request) error {
 	if req.Ref == "" {
 		return errdefs.Invalidf("ref: an image reference is required")
 	}
+	if req.Auth != nil && (req.Auth.Username == "" || req.Auth.Password == "") {
+		return errdefs.Invalidf("auth: a username and a password are both required")
+	}
 	return s.streamImages(w, r, func(progress func(model.PullProgress)) (ImageEvent, error) {
-		img, err := svc.PullImage(r.Context(), req.Ref, progress)
+		img, err := svc.PullImage(r.Context(), req.Ref, req.Auth, progress)
 		return ImageEvent{Type: "image", Image: img}, err
 	})
 }

@@ -26,8 +26,10 @@ import (
 type buildSpec struct {
 	template, name, build string
 	body                  buildBody
-	caller                caller
-	cpu, memoryMB         int
+	// auth is the base image's registry credentials (nil: the daemon's).
+	auth          *model.RegistryAuth
+	caller        caller
+	cpu, memoryMB int
 	// baseImage is the image of the fromTemplate base ("" with fromImage).
 	baseImage string
 }
@@ -145,7 +147,7 @@ func (b *builder) baseImage(ctx context.Context, ref string, force bool) (*model
 		}
 	}
 	b.logf("info", "base", "Pulling %s", ref)
-	img, err := b.s.opts.Images.PullImage(ctx, ref, func(p model.PullProgress) {
+	img, err := b.s.opts.Images.PullImage(ctx, ref, b.spec.auth, func(p model.PullProgress) {
 		switch p.Status {
 		case "exists", "done":
 			b.logf("info", "base", "Layer %s: %s", p.Layer, p.Status)

@@ -42,9 +42,9 @@ import (
 type Images interface {
 	// GetImage is the store's image ref names (ErrNotFound when none).
 	GetImage(ctx context.Context, ref string) (*model.Image, error)
-	// PullImage fetches ref into the store (a no-op when it is there and
-	// ref is a digest).
-	PullImage(ctx context.Context, ref string, progress func(model.PullProgress)) (*model.Image, error)
+	// PullImage fetches ref into the store with auth (nil: the daemon's
+	// docker config).
+	PullImage(ctx context.Context, ref string, auth *model.RegistryAuth, progress func(model.PullProgress)) (*model.Image, error)
 	// Commit writes a running jail's changes as a new image on top of its
 	// own, tagged req.Ref, its config amended by req.Changes.
 	Commit(ctx context.Context, jail string, req model.CommitRequest) (*model.Image, error)
@@ -521,11 +521,44 @@ func (t *templates) uploadAuthorized(id, token string) bool {
 type buildBody struct {
 	FromImage         string          `json:"fromImage"`
 	FromTemplate      string          `json:"fromTemplate"`
-	FromImageRegistry json.RawMessage `json:"fromImageRegistry"`
+	FromImageRegistry *registryConfig `json:"fromImageRegistry"`
 	StartCmd          string          `json:"startCmd"`
 	ReadyCmd          string          `json:"readyCmd"`
 	Force             bool            `json:"force"`
 	Steps             []buildStep     `json:"steps"`
+}
+
+// registryConfig is the credentials of a build's base image: a user name
+// and password ("registry", the SDK's fromImage with credentials), a GCP
+// service account key ("gcp", fromGCPRegistry) or AWS keys ("aws",
+// fromAWSRegistry). They are used for the pull and neither logged nor
+// kept.
+type registryConfig struct {
+	Type               string `json:"type"`
+	Username           string `json:"username"`
+	Password           string `json:"password"`
+	ServiceAccountJSON string `json:"serviceAccountJson"`
+}
+
+// auth is what the pull presents: a GCP key is the password of the user
+// _json_key, as Google's registries take it.
+func (rc *registryConfig) auth() (*model.RegistryAuth, error) {
+	switch rc.Type {
+	case "registry":
+		if rc.Username == "" || rc.Password == "" {
+			return nil, errdefs.Invalidf("fromImageRegistry: a username and a password are both required")
+		}
+		return &model.RegistryAuth{Username: rc.Username, Password: rc.Password}, nil
+	case "gcp":
+		if !json.Valid([]byte(rc.ServiceAccountJSON)) {
+			return nil, errdefs.Invalidf("fromImageRegistry: serviceAccountJson is not a JSON service account key")
+		}
+		return &model.RegistryAuth{Username: "_json_key", Password: rc.ServiceAccountJSON}, nil
+	case "aws":
+		return nil, errdefs.NotImplementedf("fromImageRegistry: AWS keys (fromAWSRegistry) are not supported: give the registry's user name and password (fromImage with credentials; for ECR, the user AWS and a password from aws ecr get-login-password), or let the daemon pull with its docker config")
+	default:
+		return nil, errdefs.Invalidf("fromImageRegistry: unknown type %q (registry, gcp or aws)", rc.Type)
+	}
 }
 
 // buildStep is one instruction of a build.
@@ -588,11 +621,18 @@ func (s *Service) buildSpecOf(c caller, r *http.Request, rec *templateRecord, bl
 	if err := decode(r, &b); err != nil {
 		return buildSpec{}, err
 	}
-	if given(b.FromImageRegistry) {
-		return buildSpec{}, errdefs.NotImplementedf("fromImageRegistry: registry credentials in a build are not supported; the daemon pulls with its own (docker config of its user)")
-	}
 	if (b.FromImage == "") == (b.FromTemplate == "") {
 		return buildSpec{}, errdefs.Invalidf("exactly one of fromImage and fromTemplate must be given")
+	}
+	var auth *model.RegistryAuth
+	if b.FromImageRegistry != nil {
+		if b.FromImage == "" {
+			return buildSpec{}, errdefs.Invalidf("fromImageRegistry: credentials are for a base image (fromImage)")
+		}
+		var err error
+		if auth, err = b.FromImageRegistry.auth(); err != nil {
+			return buildSpec{}, err
+		}
 	}
 	if len(b.Steps) > maxSteps {
 		return buildSpec{}, errdefs.Invalidf("steps: %d, at most %d", len(b.Steps), maxSteps)
@@ -602,7 +642,7 @@ func (s *Service) buildSpecOf(c caller, r *http.Request, rec *templateRecord, bl
 			return buildSpec{}, fmt.Errorf("steps[%d]: %w", i, err)
 		}
 	}
-	spec := buildSpec{template: rec.ID, name: rec.Name, build: bld.ID, body: b, caller: c, cpu: bld.CPUCount, memoryMB: bld.MemoryMB}
+	spec := buildSpec{template: rec.ID, name: rec.Name, build: bld.ID, body: b, auth: auth, caller: c, cpu: bld.CPUCount, memoryMB: bld.MemoryMB}
 	if b.FromTemplate != "" {
 		base, err := s.templates.resolve(c, b.FromTemplate)
 		if err != nil {

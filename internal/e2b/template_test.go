@@ -57,6 +57,8 @@ type fakeImages struct {
 	commits []model.CommitRequest
 	removed []string
 	pulled  []string
+	// auths are the credentials of each pull ("" without).
+	auths []string
 }
 
 func (f *fakeImages) GetImage(_ context.Context, ref string) (*model.Image, error) {
@@ -66,9 +68,14 @@ func (f *fakeImages) GetImage(_ context.Context, ref string) (*model.Image, erro
 	return nil, errdefs.NotFoundf("image %q not found", ref)
 }
 
-func (f *fakeImages) PullImage(_ context.Context, ref string, _ func(model.PullProgress)) (*model.Image, error) {
+func (f *fakeImages) PullImage(_ context.Context, ref string, auth *model.RegistryAuth, _ func(model.PullProgress)) (*model.Image, error) {
 	f.mu.Lock()
 	f.pulled = append(f.pulled, ref)
+	a := ""
+	if auth != nil {
+		a = auth.Username + ":" + auth.Password
+	}
+	f.auths = append(f.auths, a)
 	f.mu.Unlock()
 	if strings.Contains(ref, "missing") {
 		return nil, errdefs.NotFoundf("image %q not found", ref)
@@ -257,7 +264,11 @@ func TestRefusedBuild(t *testing.T) {
 		{map[string]any{"fromImage": "x", "steps": []any{map[string]any{"type": "COPY", "args": []string{"a", "/b"}, "filesHash": strings.Repeat("0", 64)}}}, 400, "were not uploaded"},
 		{map[string]any{"fromImage": "x", "steps": []any{map[string]any{"type": "COPY", "args": []string{"a", "/b", "", "999"}, "filesHash": strings.Repeat("0", 64)}}}, 400, "not an octal file mode"},
 		{map[string]any{"fromImage": "x", "steps": []any{map[string]any{"type": "ENV", "args": []string{"A"}}}}, 400, "pairs"},
-		{map[string]any{"fromImage": "x", "fromImageRegistry": map[string]any{"type": "registry"}}, 501, "registry credentials"},
+		{map[string]any{"fromImage": "x", "fromImageRegistry": map[string]any{"type": "registry", "username": "u"}}, 400, "a username and a password are both required"},
+		{map[string]any{"fromImage": "x", "fromImageRegistry": map[string]any{"type": "gcp", "serviceAccountJson": "{not json"}}, 400, "not a JSON service account key"},
+		{map[string]any{"fromImage": "x", "fromImageRegistry": map[string]any{"type": "aws", "awsAccessKeyId": "a", "awsSecretAccessKey": "b", "awsRegion": "c"}}, 501, "AWS keys"},
+		{map[string]any{"fromImage": "x", "fromImageRegistry": map[string]any{"type": "ftp"}}, 400, "unknown type"},
+		{map[string]any{"fromTemplate": "y", "fromImageRegistry": map[string]any{"type": "registry", "username": "u", "password": "p"}}, 400, "credentials are for a base image"},
 	} {
 		var req struct{ TemplateID, BuildID string }
 		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "refused"})
@@ -416,6 +427,8 @@ func TestBuildBase(t *testing.T) {
 		{"fromImage": "local/tool:1"},
 		{"fromImage": "remote/tool:1"},
 		{"fromImage": "local/tool:1", "force": true},
+		{"fromImage": "private/tool:1", "fromImageRegistry": map[string]any{"type": "registry", "username": "robot", "password": "s3cret"}},
+		{"fromImage": "gcr.example/tool:1", "fromImageRegistry": map[string]any{"type": "gcp", "serviceAccountJson": `{"type":"service_account"}`}},
 	} {
 		var req struct{ TemplateID, BuildID string }
 		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "base-test"})
@@ -426,11 +439,19 @@ func TestBuildBase(t *testing.T) {
 			t.Fatalf("start: %d %s", w.Code, w.Body)
 		}
 		svc.templates.wg.Wait()
-		if w := call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil); !strings.Contains(w.Body.String(), `"status":"ready"`) {
+		w = call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil)
+		if !strings.Contains(w.Body.String(), `"status":"ready"`) {
 			t.Errorf("%v: %s", b, w.Body)
 		}
+		if strings.Contains(w.Body.String(), "s3cret") || strings.Contains(w.Body.String(), "service_account") {
+			t.Errorf("credentials in the build's status: %s", w.Body)
+		}
 	}
-	if want := []string{"remote/tool:1", "local/tool:1"}; !slices.Equal(imgs.pulled, want) {
+	if want := []string{"remote/tool:1", "local/tool:1", "private/tool:1", "gcr.example/tool:1"}; !slices.Equal(imgs.pulled, want) {
 		t.Errorf("pulled %v, want %v", imgs.pulled, want)
+	}
+	// Credentials reach the pull (a GCP key as the password of _json_key).
+	if want := []string{"", "", "robot:s3cret", `_json_key:{"type":"service_account"}`}; !slices.Equal(imgs.auths, want) {
+		t.Errorf("pulled with %q, want %q", imgs.auths, want)
 	}
 }

@@ -397,13 +397,18 @@ func randHex() string {
 type PullOptions struct {
 	// Progress receives per-layer progress (may be nil).
 	Progress ProgressFunc
+	// Auth, when set, is presented to the registry instead of the docker
+	// config's credentials. Such a pull bypasses the registry cache, so
+	// that nothing fetched with one caller's credentials is served to
+	// another from it.
+	Auth *model.RegistryAuth
 }
 
 // Pull fetches ref from its registry (the image for this host's platform
 // from an index), unpacks the layers the store lacks and tags the image
-// with ref. Credentials come from the docker config (~/.docker/config.json
-// or $DOCKER_CONFIG); a registry is reached over plain HTTP only when it
-// is named insecure.
+// with ref. Credentials are opts.Auth or else come from the docker config
+// (~/.docker/config.json or $DOCKER_CONFIG); a registry is reached over
+// plain HTTP only when it is named insecure.
 func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (*model.Image, error) {
 	progress := opts.Progress
 	if progress == nil {
@@ -413,15 +418,24 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (*model.
 	if err != nil {
 		return nil, err
 	}
+	auth := remote.WithAuthFromKeychain(authn.DefaultKeychain)
+	rt := s.transport()
+	if opts.Auth != nil {
+		auth = remote.WithAuth(authn.FromConfig(authn.AuthConfig{Username: opts.Auth.Username, Password: opts.Auth.Password}))
+		rt = s.guard()
+	}
 	progress(model.PullProgress{Status: "resolving"})
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		auth,
 		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}),
-		remote.WithTransport(s.transport()),
+		remote.WithTransport(rt),
 		remote.WithUserAgent("agentjail"),
 	)
 	if err != nil {
+		if opts.Auth != nil {
+			return nil, refusedError("pull "+ref, "the credentials given", err)
+		}
 		return nil, registryErr(ref, err)
 	}
 	m, err := img.Manifest()
@@ -473,11 +487,17 @@ func (s *Store) parsePullRef(ref string) (name.Reference, error) {
 // transport refuses plain HTTP to registries not named insecure.
 // Blobs and manifests by digest go through the registry cache.
 func (s *Store) transport() http.RoundTripper {
-	var t http.RoundTripper = &guardTransport{insecure: s.opts.Registries.Insecure, next: registryTransport}
+	t := s.guard()
 	if s.cache != nil {
 		t = s.cache.Transport(t)
 	}
 	return t
+}
+
+// guard reaches registries directly, refusing plain HTTP to those not
+// named insecure.
+func (s *Store) guard() http.RoundTripper {
+	return &guardTransport{insecure: s.opts.Registries.Insecure, next: registryTransport}
 }
 
 // registryTransport reaches registries: a registry that does not begin
@@ -509,6 +529,11 @@ func registryErr(ref string, err error) error { return RegistryError("pull "+ref
 // refused credentials errdefs.ErrForbidden, anything else the registry or
 // the network did errdefs.ErrUnavailable.
 func RegistryError(doing string, err error) error {
+	return refusedError(doing, "docker config", err)
+}
+
+// refusedError is RegistryError naming where the credentials came from (creds).
+func refusedError(doing, creds string, err error) error {
 	if errors.Is(err, errdefs.ErrUnprocessable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", doing, err)
 	}
@@ -518,7 +543,7 @@ func RegistryError(doing string, err error) error {
 		case http.StatusNotFound:
 			return errdefs.Wrap(errdefs.ErrNotFound, err, "%s", doing)
 		case http.StatusUnauthorized, http.StatusForbidden:
-			return errdefs.Wrap(errdefs.ErrForbidden, err, "%s: the registry refused the credentials (docker config)", doing)
+			return errdefs.Wrap(errdefs.ErrForbidden, err, "%s: the registry refused the credentials (%s)", doing, creds)
 		}
 		for _, d := range te.Errors {
 			if d.Code == transport.ManifestUnknownErrorCode || d.Code == transport.NameUnknownErrorCode || d.Code == transport.BlobUnknownErrorCode {
@@ -547,7 +572,7 @@ func (s *Store) Remote(ctx context.Context, ref string) (name.Reference, []remot
 	return r, []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
-		remote.WithTransport(&guardTransport{insecure: s.opts.Registries.Insecure, next: registryTransport}),
+		remote.WithTransport(s.guard()),
 		remote.WithUserAgent("agentjail"),
 	}, nil
 }

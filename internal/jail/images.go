@@ -135,10 +135,11 @@ func (m *Manager) GetImage(ctx context.Context, ref string) (*model.Image, error
 	return m.visibleImage(ctx, ref)
 }
 
-// PullImage pulls ref into the store, reporting per-layer progress; the
-// image then belongs to the caller's tenant too.
-func (m *Manager) PullImage(ctx context.Context, ref string, progress func(model.PullProgress)) (*model.Image, error) {
-	img, err := m.images.Pull(ctx, ref, image.PullOptions{Progress: progress})
+// PullImage pulls ref into the store with auth (nil: the daemon's docker
+// config), reporting per-layer progress; the image then belongs to the
+// caller's tenant too.
+func (m *Manager) PullImage(ctx context.Context, ref string, auth *model.RegistryAuth, progress func(model.PullProgress)) (*model.Image, error) {
+	img, err := m.images.Pull(ctx, ref, image.PullOptions{Progress: progress, Auth: auth})
 	if err != nil {
 		return nil, err
 	}

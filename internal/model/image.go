@@ -48,6 +48,13 @@ type ImageConfig struct {
 	Cmd        []string `json:"cmd,omitempty"`
 }
 
+// RegistryAuth is a user name and password (or token) a pull presents to
+// the image's registry instead of the daemon's docker config.
+type RegistryAuth struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
 // PullProgress reports one step of a pull or load, per layer.
 type PullProgress struct {
 	// Layer is the layer's blob digest (its diff id when the blob is not

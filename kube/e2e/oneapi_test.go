@@ -51,8 +51,12 @@ func (e *env) testE2BTemplate(t *testing.T) {
 	bb := testenv.RequireTool(t, "busybox")
 	// The SDK runs commands with bash: busybox's sh stands in for it.
 	bash := imagetest.Layer(t, imagetest.Entry{Name: "bin/bash", Body: "#!/bin/sh\nexec /bin/sh \"$@\"\n", Mode: 0o755})
-	img := e.reg.Push(t, "test/template-base:1", imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}}, imagetest.Layer(t, imagetest.Busybox(t, bb)...), bash))
-	e.runE2BScenario(t, dir, "template.test.mjs", "AJ_TEST_IMAGE="+img)
+	base := imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}}, imagetest.Layer(t, imagetest.Busybox(t, bb)...), bash)
+	img := e.reg.Push(t, "test/template-base:1", base)
+	private := e.reg.Push(t, "private/template-base:1", base)
+	e.reg.RequireAuth("private/", "robot", "s3cret")
+	defer e.reg.SetHook(nil)
+	e.runE2BScenario(t, dir, "template.test.mjs", "AJ_TEST_IMAGE="+img, "AJ_TEST_PRIVATE_IMAGE="+private, "AJ_TEST_PRIVATE_AUTH=robot:s3cret")
 	// Volumes are one node's directories: the gateway says so.
 	key := http.Header{"X-Api-Key": {e.c.AgentjailToken}, "Content-Type": {"application/json"}}
 	if res, body := do(t, "POST", e.gateway+"/e2b/volumes", key, `{"name":"v"}`); res.StatusCode != http.StatusNotImplemented {

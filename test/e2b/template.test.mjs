@@ -2,10 +2,13 @@
 // agentjail daemon: a template built from an image with files, env, a work
 // dir and a start command left running; sandboxes of it by name and tag;
 // uploads cached between builds; tags moved; failures reported with their
-// step; bad requests refused; deletion.
+// step; a private base image pulled with the template's credentials; bad
+// requests refused; deletion.
 //
-// Needs E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, and AJ_TEST_IMAGE: a
-// busybox image the daemon can pull.
+// Needs E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, AJ_TEST_IMAGE: a busybox
+// image the daemon can pull, and AJ_TEST_PRIVATE_IMAGE: the same from a
+// registry that wants the user and password AJ_TEST_PRIVATE_AUTH
+// (USER:PASSWORD).
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import fs from 'node:fs'
@@ -15,6 +18,9 @@ import { Sandbox, Template, BuildError, waitForFile } from 'e2b'
 
 const IMAGE = process.env.AJ_TEST_IMAGE
 assert.ok(IMAGE, 'AJ_TEST_IMAGE names the image to build from')
+const PRIVATE = process.env.AJ_TEST_PRIVATE_IMAGE
+const [PRIVATE_USER, PRIVATE_PASSWORD] = (process.env.AJ_TEST_PRIVATE_AUTH ?? '').split(':')
+assert.ok(PRIVATE && PRIVATE_PASSWORD, 'AJ_TEST_PRIVATE_IMAGE and AJ_TEST_PRIVATE_AUTH name a private image and its credentials')
 const API = process.env.E2B_API_URL
 const KEY = process.env.E2B_API_KEY
 
@@ -147,6 +153,25 @@ test('a failing step fails the build with its output, its step and the line that
   assert.match(missing.message, /pulling/)
 })
 
+test('a private base image is pulled with the credentials the template gives', async () => {
+  const wrong = await Template.build(Template().fromImage(PRIVATE, { username: PRIVATE_USER, password: 'wrong' }), 'aj-private').catch((e) => e)
+  assert.ok(wrong instanceof BuildError, String(wrong))
+  assert.match(wrong.message, /refused the credentials \(the credentials given\)/)
+  const aws = await Template.build(Template().fromAWSRegistry(PRIVATE, { accessKeyId: 'a', secretAccessKey: 'b', region: 'c' }), 'aj-private').catch((e) => e)
+  assert.match(String(aws), /AWS keys/)
+
+  const logs = []
+  const t = Template().fromImage(PRIVATE, { username: PRIVATE_USER, password: PRIVATE_PASSWORD }).runCmd('echo private > /private.txt')
+  await Template.build(t, 'aj-private', { onBuildLogs: (e) => logs.push(e.message) })
+  assert.ok(!logs.some((l) => l.includes(PRIVATE_PASSWORD)), 'the password is not in the build log')
+  const sbx = await Sandbox.create('aj-private')
+  try {
+    assert.equal(await run(sbx, 'cat /private.txt'), 'private\n')
+  } finally {
+    await sbx.kill()
+  }
+})
+
 test('bad requests are refused with what is wrong', async () => {
   await assert.rejects(Template.build(Template().fromTemplate('base'), 'aj-bad'), /not an image/)
   await assert.rejects(Template.build(Template().fromImage(IMAGE), 'Bad Name'), /not a template name/)
@@ -162,7 +187,7 @@ test('bad requests are refused with what is wrong', async () => {
 })
 
 test('deleting a template removes it, and its name no longer starts sandboxes', async () => {
-  for (const name of ['aj-app', 'aj-broken', 'aj-bad', 'aj-plain']) {
+  for (const name of ['aj-app', 'aj-broken', 'aj-bad', 'aj-plain', 'aj-private']) {
     const r = await api('DELETE', `/templates/${name}`)
     assert.equal(r.status, 204, await r.text())
   }

@@ -206,12 +206,14 @@ func TestE2BTemplate(t *testing.T) {
 	dir := e2bProject(t)
 	e := newImageEnv(t)
 	plain := e.pushSDKImage(t, "test/plain/busybox:1")
+	private := e.pushSDKImage(t, "private/busybox:1")
+	e.reg.RequireAuth("private/", "robot", "s3cret")
 	key := e2bKey(t, e.d)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "template.test.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(e2bEnv(e.d, key), "AJ_TEST_IMAGE="+plain)
+	cmd.Env = append(e2bEnv(e.d, key), "AJ_TEST_IMAGE="+plain, "AJ_TEST_PRIVATE_IMAGE="+private, "AJ_TEST_PRIVATE_AUTH=robot:s3cret")
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test template.test.mjs:\n%s", out)
 	if err != nil {

@@ -372,3 +372,82 @@ func (d *daemon) regCacheToken(t *testing.T) string {
 	}
 	return st.Token
 }
+
+// TestPullWithCredentials pulls a private image (a registry that answers
+// 401 without its user and password): without credentials (the daemon's
+// docker config has none) and with wrong ones the pull fails as forbidden,
+// saying whose credentials the registry refused; half a credential is a
+// 400; with the right ones the image is pulled, through the API and
+// through the CLI (the password on standard input), and runs. What the
+// credentialed pull fetched is not served from the registry cache to a
+// pull of the same digest without credentials.
+func TestPullWithCredentials(t *testing.T) {
+	e := newImageEnv(t)
+	d := e.d
+	ref := e.reg.Push(t, "private/app:1", e.img)
+	e.reg.RequireAuth("private/", "robot", "s3cret")
+	auth := func(user, pw string) map[string]any { return map[string]any{"username": user, "password": pw} }
+	// pull answers the HTTP status of a refused request, or the error code
+	// the stream of an accepted one ended with ("" when it ended with the
+	// image), and the answer.
+	type image struct {
+		ID     string `json:"id"`
+		Digest string `json:"digest"`
+	}
+	pull := func(body map[string]any) (string, *image, *response) {
+		t.Helper()
+		r := d.api.do(t, "POST", "/images/pull", body)
+		if strings.Contains(string(r.body), "s3cret") {
+			t.Errorf("the answer shows the password: %s", r)
+		}
+		if r.status != http.StatusOK {
+			return strconv.Itoa(r.status), nil, r
+		}
+		lines := strings.Split(strings.TrimSpace(string(r.body)), "\n")
+		var last struct {
+			Type  string `json:"type"`
+			Image *image `json:"image"`
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil {
+			t.Fatalf("pull %v: %s: %v", body, r, err)
+		}
+		return last.Error.Code, last.Image, r
+	}
+	for _, tc := range []struct {
+		body map[string]any
+		code string
+		msg  string
+	}{
+		{map[string]any{"ref": ref}, "forbidden", "refused the credentials (docker config)"},
+		{map[string]any{"ref": ref, "auth": auth("robot", "wrong")}, "forbidden", "refused the credentials (the credentials given)"},
+		{map[string]any{"ref": ref, "auth": auth("robot", "")}, "400", "a username and a password are both required"},
+		{map[string]any{"ref": ref, "auth": map[string]any{"username": "robot", "password": "s3cret", "email": "x"}}, "400", "email"},
+	} {
+		if code, _, r := pull(tc.body); code != tc.code || !strings.Contains(string(r.body), tc.msg) {
+			t.Errorf("pull %v: %s; want %s %q", tc.body, r, tc.code, tc.msg)
+		}
+	}
+	code, img, r := pull(map[string]any{"ref": ref, "auth": auth("robot", "s3cret")})
+	if code != "" || img == nil || img.Digest == "" {
+		t.Fatalf("pull with the credentials: %s", r)
+	}
+	j := d.createJail(t, map[string]any{"isolation": map[string]any{"filesystem": map[string]any{"rootfs": "image:" + ref}}})
+	if out := d.mustSh(t, j.ID, "cat /srv/app/main.sh"); out != "echo from the image\n" {
+		t.Errorf("in a jail of the private image: %q", out)
+	}
+	d.destroy(t, j.ID)
+	if code, _, r := pull(map[string]any{"ref": e.reg.Host + "/private/app@" + img.Digest}); code != "forbidden" {
+		t.Errorf("pull of the private digest without credentials: %s", r)
+	}
+	// The CLI: the password on standard input, never in argv.
+	d.api.want(t, http.StatusOK, "DELETE", "/images/"+ref+"?force=true", nil, nil)
+	if out, errOut, code := d.cli(t, "s3cret\n", "pull", "-q", "--username", "robot", "--password-stdin", ref); code != 0 || strings.TrimSpace(out) != img.ID {
+		t.Errorf("agentjail pull --password-stdin: %d %q %s", code, out, errOut)
+	}
+	if _, errOut, code := d.cli(t, "", "pull", "--username", "robot", ref); code != 2 || !strings.Contains(errOut, "go together") {
+		t.Errorf("agentjail pull --username alone: %d %s", code, errOut)
+	}
+}

@@ -218,6 +218,28 @@ func (r *Registry) BlobGets(d string) int {
 	return r.gets[d]
 }
 
+// RequireAuth makes the registry a private one for the repositories under
+// prefix (e.g. "private/"): their requests, and the version check every
+// client makes first (GET /v2/), are answered 401 with a basic challenge
+// unless they carry user and password. Other repositories stay open to
+// anyone (a client without credentials answers the challenge with none).
+// It takes the hook's place.
+func (r *Registry) RequireAuth(prefix, user, password string) {
+	r.SetHook(func(w http.ResponseWriter, req *http.Request) bool {
+		if req.URL.Path != "/v2/" && !strings.HasPrefix(req.URL.Path, "/v2/"+prefix) {
+			return false
+		}
+		if u, p, ok := req.BasicAuth(); ok && u == user && p == password {
+			return false
+		}
+		w.Header().Set("WWW-Authenticate", `Basic realm="agentjail-test"`)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
+		return true
+	})
+}
+
 // Push writes img as repo:tag and returns the reference to pull it by.
 func (r *Registry) Push(t testing.TB, repoTag string, img v1.Image) string {
 	t.Helper()
