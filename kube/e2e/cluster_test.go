@@ -51,6 +51,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Branch", e.testBranch)
 	t.Run("E2B", e.testE2B)
 	t.Run("E2BTemplate", e.testE2BTemplate)
+	t.Run("E2BVolume", e.testE2BVolume)
 	t.Run("Console", e.testConsole)
 	t.Run("ServeKubeNode", e.testServeKubeNode)
 	t.Run("NodeLost", e.testNodeLost)

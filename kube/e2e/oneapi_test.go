@@ -45,7 +45,7 @@ func e2bProject(t *testing.T) string {
 // testE2BTemplate: the SDK's template builds (test/e2b/template.test.mjs)
 // through the gateway: each request about a template, its uploads
 // included, reaches the node that builds it, and sandboxes of a template
-// land there. Volumes, one node's directories, are refused (501).
+// land there.
 func (e *env) testE2BTemplate(t *testing.T) {
 	dir := e2bProject(t)
 	bb := testenv.RequireTool(t, "busybox")
@@ -57,11 +57,14 @@ func (e *env) testE2BTemplate(t *testing.T) {
 	e.reg.RequireAuth("private/", "robot", "s3cret")
 	defer e.reg.SetHook(nil)
 	e.runE2BScenario(t, dir, "template.test.mjs", "AJ_TEST_IMAGE="+img, "AJ_TEST_PRIVATE_IMAGE="+private, "AJ_TEST_PRIVATE_AUTH=robot:s3cret")
-	// Volumes are one node's directories: the gateway says so.
-	key := http.Header{"X-Api-Key": {e.c.AgentjailToken}, "Content-Type": {"application/json"}}
-	if res, body := do(t, "POST", e.gateway+"/e2b/volumes", key, `{"name":"v"}`); res.StatusCode != http.StatusNotImplemented {
-		t.Errorf("a volume through the gateway: %d %s", res.StatusCode, body)
-	}
+}
+
+// testE2BVolume: the SDK's volumes (test/e2b/volume.test.mjs) through the
+// gateway. A volume is one node's directory: it is made on a node, its
+// content API (authorized by the volume's token) reaches that node, and
+// every sandbox that mounts it lands there.
+func (e *env) testE2BVolume(t *testing.T) {
+	e.runE2BScenario(t, e2bProject(t), "volume.test.mjs", "E2B_VOLUME_API_URL="+e.gateway+"/e2b")
 }
 
 // runE2BScenario runs a node test file of test/e2b with the SDK pointed

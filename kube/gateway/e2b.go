@@ -41,8 +41,16 @@ func (g *Gateway) e2b(w http.ResponseWriter, r *http.Request) {
 		g.gather(w, r, r.URL.Path, learnSandboxes)
 	case r.Method == http.MethodGet && rest == "/snapshots":
 		g.gather(w, r, r.URL.Path, nil)
-	case seg[0] == "volumes" || seg[0] == "volumecontent":
-		writeE2BError(w, http.StatusNotImplemented, "volumes are a node's directories: use them on a node's daemon, not through the gateway")
+	case r.Method == http.MethodPost && rest == "/volumes":
+		g.e2bVolumeCreate(w, r)
+	case r.Method == http.MethodGet && rest == "/volumes":
+		g.gather(w, r, r.URL.Path, nil)
+	case len(seg) == 2 && seg[0] == "volumes":
+		g.located(w, r, volumeKey(seg[1]), e2bPrefix+"/volumes/"+url.PathEscape(seg[1]), nil)
+	case len(seg) == 3 && seg[0] == "volumecontent":
+		// The content API carries the volume's token, no API key: the node
+		// whose daemon takes the token on the volume's root holds it.
+		g.located(w, r, volumeKey(seg[1]), e2bPrefix+"/volumecontent/"+url.PathEscape(seg[1])+"/path?path=/", nil)
 	case r.Method == http.MethodPost && rest == "/v3/templates":
 		g.e2bTemplateRequest(w, r)
 	case r.Method == http.MethodGet && rest == "/templates":
@@ -80,15 +88,25 @@ func (g *Gateway) e2b(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// e2bCreate places a new sandbox: from a snapshot (templateID names one of
-// the caller's snapshots) on the snapshot's node, else on the next ready
-// node.
+// e2bCreate places a new sandbox: with volumes, on the node of its first
+// volume (a volume is a node's directory); from a snapshot (templateID
+// names one of the caller's snapshots) on the snapshot's node; from a
+// template on the template's node; else on the next ready node.
 func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		TemplateID string `json:"templateID"`
+		TemplateID   string `json:"templateID"`
+		VolumeMounts []struct {
+			Name string `json:"name"`
+		} `json:"volumeMounts"`
 	}
 	if !readE2BBody(w, r, &req) {
 		return
+	}
+	if len(req.VolumeMounts) > 0 {
+		if i := g.volumeNode(r, req.VolumeMounts[0].Name); i.ok {
+			g.forward(w, r, i.node, r.URL.Path, "")
+			return
+		}
 	}
 	if t := req.TemplateID; t != "" && t != "base" {
 		if n, ok := g.snapshotNode(nil, r, t); ok {
@@ -122,22 +140,59 @@ type found struct {
 // templateNode finds the node that holds the caller's template ref (an id
 // or a name): the one whose daemon answers HEAD /e2b/templates/REF.
 func (g *Gateway) templateNode(r *http.Request, ref string) found {
+	return g.holder(r, ref, templateKey(ref), e2bPrefix+"/templates/"+url.PathEscape(ref))
+}
+
+// holder finds the node that holds ref (none for ""): the one cached
+// under key, else the one whose daemon answers HEAD probePath with r's
+// credentials (then cached).
+func (g *Gateway) holder(r *http.Request, ref, key, probePath string) found {
 	ns, err := g.nodes(r.Context())
 	if err != nil || ref == "" {
 		return found{}
 	}
-	if name, ok := g.where.get(templateKey(ref)); ok {
+	if name, ok := g.where.get(key); ok {
 		for _, n := range ns {
 			if n.name == name {
 				return found{n, true}
 			}
 		}
 	}
-	if i := g.probe(r.Context(), r, ns, e2bPrefix+"/templates/"+url.PathEscape(ref), nil); i >= 0 {
-		g.where.put(templateKey(ref), ns[i].name)
+	if i := g.probe(r.Context(), r, ns, probePath, nil); i >= 0 {
+		g.where.put(key, ns[i].name)
 		return found{ns[i], true}
 	}
 	return found{}
+}
+
+// volumeKey is the location cache's key of a volume id or name.
+func volumeKey(ref string) string { return "e2b-volume/" + ref }
+
+// volumeNode finds the node that holds the caller's volume ref (an id or
+// a name): the one whose daemon answers HEAD /e2b/volumes/REF.
+func (g *Gateway) volumeNode(r *http.Request, ref string) found {
+	return g.holder(r, ref, volumeKey(ref), e2bPrefix+"/volumes/"+url.PathEscape(ref))
+}
+
+// e2bVolumeCreate places a new volume: on the node that has one of that
+// name (whose daemon refuses the second), else on the next ready node.
+func (g *Gateway) e2bVolumeCreate(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if !readE2BBody(w, r, &req) {
+		return
+	}
+	if i := g.volumeNode(r, req.Name); i.ok {
+		g.forward(w, r, i.node, r.URL.Path, "")
+		return
+	}
+	n, err := g.place(r, e2bPrefix+"/volumes")
+	if err != nil {
+		g.failE2B(w, err)
+		return
+	}
+	g.forward(w, r, n, r.URL.Path, "")
 }
 
 // readE2BBody reads a small request body (restoring it for the daemon)
