@@ -429,29 +429,11 @@ func (b *builder) startSnapshot(ctx context.Context, image string, build config.
 	defer b.destroy(j)
 	b.jail = j
 	b.logf("info", "finalize", "Starting %s", spec.body.StartCmd)
-	proc, err := b.s.jails.StartProcess(ctx, j, model.ExecRequest{Cmd: []string{"/bin/sh", "-c", spec.body.StartCmd}}, false, nil)
-	if err != nil {
-		return "", fmt.Errorf("the start command: %w", err)
-	}
-	// The command outlives this stream, as a sandbox's commands do.
-	proc.Close()
 	if ready := spec.body.ReadyCmd; ready != "" {
 		b.logf("info", "finalize", "Waiting for %s", ready)
-		rctx, cancel := context.WithTimeout(ctx, readyTimeout)
-		defer cancel()
-		for {
-			res, err := b.s.jails.Exec(rctx, j, model.ExecRequest{Cmd: []string{"/bin/sh", "-c", ready}, TimeoutMs: 10_000}, nil)
-			if err == nil && res.ExitCode == 0 && res.Signal == "" {
-				break
-			}
-			if rctx.Err() != nil {
-				return "", fmt.Errorf("the ready command %q did not succeed within %s", ready, readyTimeout)
-			}
-			select {
-			case <-rctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
+	}
+	if err := b.s.startTemplate(ctx, j, spec.body.StartCmd, spec.body.ReadyCmd); err != nil {
+		return "", err
 	}
 	snap, err := b.s.snapshot(ctx, j, model.SnapshotRequest{Name: fmt.Sprintf("e2b-template-%s-%s", spec.template, spec.build[:8]), Mode: model.SnapshotFull})
 	if err != nil {
@@ -459,6 +441,35 @@ func (b *builder) startSnapshot(ctx context.Context, image string, build config.
 	}
 	b.logf("info", "finalize", "Snapshot %s with the start command running", snap.ID)
 	return snap.ID, nil
+}
+
+// startTemplate starts a template's start command in jail j, where it
+// outlives the call as a sandbox's commands do, and waits until the ready
+// command (if any) succeeds, for at most readyTimeout.
+func (s *Service) startTemplate(ctx context.Context, j, start, ready string) error {
+	proc, err := s.jails.StartProcess(ctx, j, model.ExecRequest{Cmd: []string{"/bin/sh", "-c", start}}, false, nil)
+	if err != nil {
+		return fmt.Errorf("the start command: %w", err)
+	}
+	proc.Close()
+	if ready == "" {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	for {
+		res, err := s.jails.Exec(rctx, j, model.ExecRequest{Cmd: []string{"/bin/sh", "-c", ready}, TimeoutMs: 10_000}, nil)
+		if err == nil && res.ExitCode == 0 && res.Signal == "" {
+			return nil
+		}
+		if rctx.Err() != nil {
+			return fmt.Errorf("the ready command %q did not succeed within %s", ready, readyTimeout)
+		}
+		select {
+		case <-rctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // logf adds a line to the build's log.
@@ -541,6 +552,9 @@ func (s *Service) finishBuild(spec buildSpec, image, snapshot string, err error)
 		b.Log = append(b.Log, logEntry{Time: now, Level: "error", Message: msg, Step: step})
 	} else {
 		b.Status, b.Image, b.Snapshot = buildReady, image, snapshot
+		if snapshot != "" {
+			b.StartCmd, b.ReadyCmd = spec.body.StartCmd, spec.body.ReadyCmd
+		}
 		if rec.Tags == nil {
 			rec.Tags = map[string]tagRecord{}
 		}

@@ -395,10 +395,17 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	// configuration, or a restored snapshot, and its network is replaced
 	// at once (without options: the daemon's default, nothing allowed,
 	// not the snapshotted sandbox's).
-	startWithNetwork := sid == "" && spec.network != nil && len(spec.creds) > 0
+	// A snapshot keeps the mounts it was made with: a sandbox of a template
+	// with a start command that mounts volumes is a jail of the template's
+	// image in which the start command starts anew.
+	var start *buildRecord
 	if sid != "" && len(spec.mounts) > 0 {
-		return nil, errdefs.Invalidf("volumeMounts: a sandbox restored from a snapshot (or a template with a start command) keeps the mounts it was made with; mount volumes in sandboxes of images")
+		if tb == nil || tb.StartCmd == "" {
+			return nil, errdefs.Invalidf("volumeMounts: a sandbox restored from a snapshot keeps the mounts it was made with; mount volumes in sandboxes of templates or images")
+		}
+		sid, start = "", tb
 	}
+	startWithNetwork := sid == "" && spec.network != nil && len(spec.creds) > 0
 	if sid != "" {
 		// A snapshot made by createSnapshot: its files and processes.
 		j, err = s.jails.Restore(ctx, sid, jailName(id, 1))
@@ -427,12 +434,16 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 		}
 		updated, err := s.jails.UpdateNetwork(ctx, j.ID, n)
 		if err != nil {
-			if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
-				s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
-			}
+			s.dropJail(ctx, j.ID)
 			return nil, err
 		}
 		j = updated
+	}
+	if start != nil {
+		if err := s.startTemplate(ctx, j.ID, start.StartCmd, start.ReadyCmd); err != nil {
+			s.dropJail(ctx, j.ID)
+			return nil, fmt.Errorf("template %s: %w", spec.template, err)
+		}
 	}
 	now := time.Now().UTC()
 	r := record{
@@ -455,9 +466,7 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	}
 	sb := newSandbox(r)
 	if err := s.store.save(r); err != nil {
-		if derr := s.jails.Destroy(context.WithoutCancel(ctx), j.ID); derr != nil {
-			s.log.Error("destroying the jail of a failed e2b create", "jail", j.ID, "err", derr)
-		}
+		s.dropJail(ctx, j.ID)
 		return nil, err
 	}
 	s.mu.Lock()
@@ -465,6 +474,13 @@ func (s *Service) create(ctx context.Context, c caller, spec createSpec) (*sandb
 	s.mu.Unlock()
 	s.arm(sb)
 	return sb, nil
+}
+
+// dropJail destroys the jail of a failed create.
+func (s *Service) dropJail(ctx context.Context, j string) {
+	if err := s.jails.Destroy(context.WithoutCancel(ctx), j); err != nil {
+		s.log.Error("destroying the jail of a failed e2b create", "jail", j, "err", err)
+	}
 }
 
 // ownSnapshot returns template when it is the id of a snapshot of one of

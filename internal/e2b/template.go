@@ -122,6 +122,11 @@ type buildRecord struct {
 	// start command, the snapshot its sandboxes restore.
 	Image    string `json:"image,omitempty"`
 	Snapshot string `json:"snapshot,omitempty"`
+	// StartCmd and ReadyCmd are the template's start and ready commands
+	// (its snapshot runs the first): a sandbox that cannot restore the
+	// snapshot (it mounts volumes) runs them in a jail of the image.
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
 	// Jails are the jails the build made (for cleanup after a crash).
 	Jails      []string     `json:"jails,omitempty"`
 	Reason     *buildReason `json:"reason,omitempty"`

@@ -8,13 +8,15 @@
 // Needs E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, AJ_TEST_IMAGE: a busybox
 // image the daemon can pull, and AJ_TEST_PRIVATE_IMAGE: the same from a
 // registry that wants the user and password AJ_TEST_PRIVATE_AUTH
-// (USER:PASSWORD).
+// (USER:PASSWORD). AJ_TEST_ONE_DAEMON=1 adds what holds on one daemon only:
+// a volume mounted in a sandbox of a template (through the Kubernetes
+// gateway the two may be on different nodes).
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import { Sandbox, Template, BuildError, waitForFile } from 'e2b'
+import { Sandbox, Template, BuildError, Volume, waitForFile } from 'e2b'
 
 const IMAGE = process.env.AJ_TEST_IMAGE
 assert.ok(IMAGE, 'AJ_TEST_IMAGE names the image to build from')
@@ -81,6 +83,30 @@ test('a template builds from an image, and its sandboxes start from it with the 
     await sbx.kill()
   }
 })
+
+test('a sandbox of a template with a start command that mounts a volume runs the start command anew',
+  { skip: process.env.AJ_TEST_ONE_DAEMON !== '1' && 'one daemon only' }, async () => {
+    const vol = await Volume.create('aj-template-vol')
+    try {
+      const sbx = await Sandbox.create('aj-app:v1', { volumeMounts: { '/data': vol } })
+      try {
+        assert.equal(await run(sbx, 'cat /tmp/started; pwd; cat built.txt'), 'started\n/srv/app\nbuilt by hi from the template\n')
+        assert.match(await run(sbx, 'ps -o args'), /sleep 100000/)
+        await run(sbx, 'echo kept > /data/kept.txt')
+        assert.deepEqual((await sbx.getInfo()).volumeMounts, [{ name: 'aj-template-vol', path: '/data' }])
+      } finally {
+        await sbx.kill()
+      }
+      const other = await Sandbox.create({ volumeMounts: { '/v': vol } })
+      try {
+        assert.equal(await run(other, 'cat /v/kept.txt'), 'kept\n')
+      } finally {
+        await other.kill()
+      }
+    } finally {
+      await Volume.destroy(vol.volumeId)
+    }
+  })
 
 test('a template without a start command is its image: sandboxes are jails of it', async () => {
   await Template.build(Template().fromImage(IMAGE).setEnvs({ KIND: 'plain' }).runCmd('echo plain > /plain.txt'), 'aj-plain')

@@ -213,7 +213,7 @@ func TestE2BTemplate(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "template.test.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(e2bEnv(e.d, key), "AJ_TEST_IMAGE="+plain, "AJ_TEST_PRIVATE_IMAGE="+private, "AJ_TEST_PRIVATE_AUTH=robot:s3cret")
+	cmd.Env = append(e2bEnv(e.d, key), "AJ_TEST_IMAGE="+plain, "AJ_TEST_PRIVATE_IMAGE="+private, "AJ_TEST_PRIVATE_AUTH=robot:s3cret", "AJ_TEST_ONE_DAEMON=1")
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test template.test.mjs:\n%s", out)
 	if err != nil {
