@@ -6,6 +6,9 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -96,6 +99,14 @@ func (b *builder) run(ctx context.Context) (image, snapshot string, err error) {
 		base = img.ID
 	} else {
 		b.logf("info", "base", "Building on template %s", spec.body.FromTemplate)
+	}
+	if key := spec.key(base); key != "" {
+		from := s.reusable(ctx, spec, key)
+		s.updateBuild(spec, func(r *buildRecord) { r.Key = key })
+		if from != nil {
+			b.logf("info", "finalize", "Unchanged since build %s: using its image %s", from.ID, from.Image)
+			return from.Image, from.Snapshot, nil
+		}
 	}
 	cfg := imageJailConfig(base, spec.cpu, spec.memoryMB)
 	cfg.Isolation.Network = (&netSettings{Internet: true}).policy(config.NetBridge, nil)
@@ -443,6 +454,48 @@ func (b *builder) startSnapshot(ctx context.Context, image string, build config.
 	return snap.ID, nil
 }
 
+// key identifies what a build of spec on base (an image id) makes: the
+// base, every step with its uploaded files' hash, the start and ready
+// commands and the resources; "" when the build must run anyway
+// (skipCache, or a step forced).
+func (spec buildSpec) key(base string) string {
+	if spec.body.Force || slices.ContainsFunc(spec.body.Steps, func(st buildStep) bool { return st.Force }) {
+		return ""
+	}
+	data, _ := json.Marshal(struct {
+		Base           string
+		Steps          []buildStep
+		Start, Ready   string
+		CPUs, MemoryMB int
+	}{base, spec.body.Steps, spec.body.StartCmd, spec.body.ReadyCmd, spec.cpu, spec.memoryMB})
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// reusable returns a copy of the newest ready build of spec's template
+// with key whose image is still in the store, or nil.
+func (s *Service) reusable(ctx context.Context, spec buildSpec, key string) *buildRecord {
+	t := s.templates
+	t.mu.Lock()
+	var from *buildRecord
+	if rec := t.byID[spec.template]; rec != nil {
+		for i := len(rec.Builds) - 1; i >= 0 && from == nil; i-- {
+			if b := rec.Builds[i]; b.Key == key && b.Status == buildReady && b.Image != "" {
+				c := *b
+				from = &c
+			}
+		}
+	}
+	t.mu.Unlock()
+	if from == nil {
+		return nil
+	}
+	if _, err := s.opts.Images.GetImage(ctx, from.Image); err != nil {
+		return nil
+	}
+	return from
+}
+
 // startTemplate starts a template's start command in jail j, where it
 // outlives the call as a sandbox's commands do, and waits until the ready
 // command (if any) succeeds, for at most readyTimeout.
@@ -604,6 +657,17 @@ func (t *templates) trim(rec *templateRecord) []*buildRecord {
 	}
 	slices.Reverse(kept)
 	rec.Builds = kept
+	// An image or snapshot a kept build reuses stays.
+	for _, d := range dropped {
+		for _, k := range kept {
+			if d.Image == k.Image {
+				d.Image = ""
+			}
+			if d.Snapshot == k.Snapshot {
+				d.Snapshot = ""
+			}
+		}
+	}
 	return dropped
 }
 

@@ -127,6 +127,10 @@ type buildRecord struct {
 	// snapshot (it mounts volumes) runs them in a jail of the image.
 	StartCmd string `json:"start_cmd,omitempty"`
 	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// Key identifies what the build made (its base image and
+	// instructions); a later build of the template with the same key
+	// reuses its image and snapshot.
+	Key string `json:"key,omitempty"`
 	// Jails are the jails the build made (for cleanup after a crash).
 	Jails      []string     `json:"jails,omitempty"`
 	Reason     *buildReason `json:"reason,omitempty"`

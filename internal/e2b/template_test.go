@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -62,7 +63,10 @@ type fakeImages struct {
 }
 
 func (f *fakeImages) GetImage(_ context.Context, ref string) (*model.Image, error) {
-	if strings.HasPrefix(ref, "local/") {
+	f.mu.Lock()
+	committed := slices.ContainsFunc(f.commits, func(c model.CommitRequest) bool { return c.Ref == ref }) && !slices.Contains(f.removed, ref)
+	f.mu.Unlock()
+	if committed || strings.HasPrefix(ref, "local/") {
 		return &model.Image{ID: "sha256:" + strings.Repeat("c", 64), Tags: []string{ref}}, nil
 	}
 	return nil, errdefs.NotFoundf("image %q not found", ref)
@@ -357,7 +361,10 @@ func TestTemplateSheds(t *testing.T) {
 		return buf.Bytes()
 	}
 	var tplID string
+	builds := 0
+	// Each build differs (an ENV step of its own): none reuses another.
 	build := func(tag, hash string, data []byte) {
+		builds++
 		var req struct{ TemplateID, BuildID string }
 		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "shed:" + tag})
 		if json.Unmarshal(w.Body.Bytes(), &req) != nil {
@@ -381,7 +388,8 @@ func TestTemplateSheds(t *testing.T) {
 			}
 		}
 		w = call(t, svc, "POST", "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, map[string]any{"fromImage": "busybox",
-			"steps": []any{map[string]any{"type": "COPY", "args": []string{"f.txt", "/f.txt"}, "filesHash": hash}}})
+			"steps": []any{map[string]any{"type": "COPY", "args": []string{"f.txt", "/f.txt"}, "filesHash": hash},
+				map[string]any{"type": "ENV", "args": []string{"BUILD", strconv.Itoa(builds)}}}})
 		if w.Code != http.StatusAccepted {
 			t.Fatalf("start: %d %s", w.Code, w.Body)
 		}
@@ -453,5 +461,97 @@ func TestBuildBase(t *testing.T) {
 	// Credentials reach the pull (a GCP key as the password of _json_key).
 	if want := []string{"", "", "robot:s3cret", `_json_key:{"type":"service_account"}`}; !slices.Equal(imgs.auths, want) {
 		t.Errorf("pulled with %q, want %q", imgs.auths, want)
+	}
+}
+
+// TestBuildReuse: a build of a template with nothing changed (base image,
+// steps, uploads, commands, resources) reuses the image of the last one
+// without running a step; skipCache, a forced step or a changed step
+// builds anew; an image removed from the store is built again; shedding
+// old builds keeps an image a kept build reuses.
+func TestBuildReuse(t *testing.T) {
+	jails := apitest.New()
+	var mu sync.Mutex
+	ran := 0
+	jails.ExecHook = func(context.Context, string, model.ExecRequest, model.ExecOutput) (*model.ExecResult, error) {
+		mu.Lock()
+		ran++
+		mu.Unlock()
+		return &model.ExecResult{}, nil
+	}
+	imgs := &fakeImages{}
+	svc, err := New(context.Background(), fuzzJails{jails}, Options{DataDir: t.TempDir(), AdminToken: testToken, Images: imgs, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	run := []any{map[string]any{"type": "RUN", "args": []string{"echo hi"}}}
+	build := func(body map[string]any) string {
+		t.Helper()
+		var req struct{ TemplateID, BuildID string }
+		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "reuse"})
+		if json.Unmarshal(w.Body.Bytes(), &req) != nil {
+			t.Fatalf("request: %d %s", w.Code, w.Body)
+		}
+		if w := call(t, svc, "POST", "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, body); w.Code != http.StatusAccepted {
+			t.Fatalf("start: %d %s", w.Code, w.Body)
+		}
+		svc.templates.wg.Wait()
+		w = call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil)
+		if !strings.Contains(w.Body.String(), `"status":"ready"`) {
+			t.Fatalf("%v: %s", body, w.Body)
+		}
+		return w.Body.String()
+	}
+	counts := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		imgs.mu.Lock()
+		defer imgs.mu.Unlock()
+		return len(imgs.commits), ran
+	}
+	body := map[string]any{"fromImage": "remote/tool:1", "steps": run}
+	build(body)
+	if st := build(body); !strings.Contains(st, "Unchanged since build") {
+		t.Errorf("an unchanged build: %s", st)
+	}
+	if commits, steps := counts(); commits != 1 || steps != 1 {
+		t.Errorf("after an unchanged rebuild: %d commits and %d steps run, want 1 and 1", commits, steps)
+	}
+	for i, b := range []map[string]any{
+		{"fromImage": "remote/tool:1", "steps": run, "force": true},
+		{"fromImage": "remote/tool:1", "steps": []any{map[string]any{"type": "RUN", "args": []string{"echo hi"}, "force": true}}},
+		{"fromImage": "remote/tool:1", "steps": []any{map[string]any{"type": "RUN", "args": []string{"echo changed"}}}},
+	} {
+		if st := build(b); strings.Contains(st, "Unchanged since build") {
+			t.Errorf("build %d (%v) reused an image: %s", i, b, st)
+		}
+	}
+	if commits, _ := counts(); commits != 4 {
+		t.Errorf("%d commits, want 4", commits)
+	}
+	// The last image of body removed from the store: built again.
+	imgs.mu.Lock()
+	for _, c := range imgs.commits {
+		imgs.removed = append(imgs.removed, c.Ref)
+	}
+	imgs.mu.Unlock()
+	if st := build(body); strings.Contains(st, "Unchanged since build") {
+		t.Errorf("a build whose image is gone reused it: %s", st)
+	}
+
+	// Shedding: the oldest build's image, reused by the newest, stays.
+	rec := &templateRecord{}
+	for i := range keepBuilds + 2 {
+		rec.Builds = append(rec.Builds, &buildRecord{ID: strconv.Itoa(i), Status: buildReady, Image: "img-" + strconv.Itoa(i)})
+	}
+	rec.Builds[keepBuilds+1].Image = "img-0"
+	dropped := svc.templates.trim(rec)
+	var gone []string
+	for _, d := range dropped {
+		gone = append(gone, d.ID+"="+d.Image)
+	}
+	if want := []string{"1=img-1", "0="}; !slices.Equal(gone, want) {
+		t.Errorf("dropped %v, want %v", gone, want)
 	}
 }

@@ -1,7 +1,7 @@
 // Template builds (Template.build) with the official SDK against an
 // agentjail daemon: a template built from an image with files, env, a work
 // dir and a start command left running; sandboxes of it by name and tag;
-// uploads cached between builds; tags moved; failures reported with their
+// uploads cached between builds; an unchanged build reused; tags moved; failures reported with their
 // step; a private base image pulled with the template's credentials; bad
 // requests refused; deletion.
 //
@@ -162,6 +162,22 @@ test('a rebuild reuses uploaded files, tags move between builds, and sandboxes f
   }
   await Template.removeTags('aj-app', 'prod')
   await assert.rejects(Sandbox.create('aj-app:prod'), /no tag "prod"/)
+})
+
+test('an unchanged template is not built again: the new build reuses the image and the started snapshot', async () => {
+  const logs = []
+  const t0 = performance.now()
+  await Template.build(appTemplate(), 'aj-app:v2', { onBuildLogs: (e) => logs.push(e.message) })
+  const ms = performance.now() - t0
+  assert.ok(logs.some((l) => l.includes('Unchanged since build')), logs.join('\n'))
+  assert.ok(!logs.some((l) => l.includes('step output line')), 'no step ran:\n' + logs.join('\n'))
+  const sbx = await Sandbox.create('aj-app:v2')
+  try {
+    assert.equal(await run(sbx, 'cat /tmp/started built.txt'), 'started\nbuilt by hi from the template\n')
+  } finally {
+    await sbx.kill()
+  }
+  console.log(`an unchanged rebuild: ${ms.toFixed(0)} ms`)
 })
 
 test('a failing step fails the build with its output, its step and the line that made it', async () => {
