@@ -421,6 +421,22 @@ func TestTemplateSheds(t *testing.T) {
 	}
 }
 
+// buildOnce asks svc for a build of template name, starts it with body,
+// waits for it to end and returns its status answer.
+func buildOnce(t *testing.T, svc *Service, name string, body map[string]any) string {
+	t.Helper()
+	var req struct{ TemplateID, BuildID string }
+	w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": name})
+	if json.Unmarshal(w.Body.Bytes(), &req) != nil {
+		t.Fatalf("request: %d %s", w.Code, w.Body)
+	}
+	if w := call(t, svc, "POST", "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, body); w.Code != http.StatusAccepted {
+		t.Fatalf("start: %d %s", w.Code, w.Body)
+	}
+	svc.templates.wg.Wait()
+	return call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil).Body.String()
+}
+
 // TestBuildBase: a build takes its base from the daemon's store when it is
 // there, as a Dockerfile's FROM does, and pulls it otherwise or when the
 // template skips the cache (force).
@@ -438,21 +454,12 @@ func TestBuildBase(t *testing.T) {
 		{"fromImage": "private/tool:1", "fromImageRegistry": map[string]any{"type": "registry", "username": "robot", "password": "s3cret"}},
 		{"fromImage": "gcr.example/tool:1", "fromImageRegistry": map[string]any{"type": "gcp", "serviceAccountJson": `{"type":"service_account"}`}},
 	} {
-		var req struct{ TemplateID, BuildID string }
-		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "base-test"})
-		if json.Unmarshal(w.Body.Bytes(), &req) != nil {
-			t.Fatalf("request: %d %s", w.Code, w.Body)
+		st := buildOnce(t, svc, "base-test", b)
+		if !strings.Contains(st, `"status":"ready"`) {
+			t.Errorf("%v: %s", b, st)
 		}
-		if w := call(t, svc, "POST", "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, b); w.Code != http.StatusAccepted {
-			t.Fatalf("start: %d %s", w.Code, w.Body)
-		}
-		svc.templates.wg.Wait()
-		w = call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil)
-		if !strings.Contains(w.Body.String(), `"status":"ready"`) {
-			t.Errorf("%v: %s", b, w.Body)
-		}
-		if strings.Contains(w.Body.String(), "s3cret") || strings.Contains(w.Body.String(), "service_account") {
-			t.Errorf("credentials in the build's status: %s", w.Body)
+		if strings.Contains(st, "s3cret") || strings.Contains(st, "service_account") {
+			t.Errorf("credentials in the build's status: %s", st)
 		}
 	}
 	if want := []string{"remote/tool:1", "local/tool:1", "private/tool:1", "gcr.example/tool:1"}; !slices.Equal(imgs.pulled, want) {
@@ -488,20 +495,11 @@ func TestBuildReuse(t *testing.T) {
 	run := []any{map[string]any{"type": "RUN", "args": []string{"echo hi"}}}
 	build := func(body map[string]any) string {
 		t.Helper()
-		var req struct{ TemplateID, BuildID string }
-		w := call(t, svc, "POST", "/e2b/v3/templates", map[string]any{"name": "reuse"})
-		if json.Unmarshal(w.Body.Bytes(), &req) != nil {
-			t.Fatalf("request: %d %s", w.Code, w.Body)
+		st := buildOnce(t, svc, "reuse", body)
+		if !strings.Contains(st, `"status":"ready"`) {
+			t.Fatalf("%v: %s", body, st)
 		}
-		if w := call(t, svc, "POST", "/e2b/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, body); w.Code != http.StatusAccepted {
-			t.Fatalf("start: %d %s", w.Code, w.Body)
-		}
-		svc.templates.wg.Wait()
-		w = call(t, svc, "GET", "/e2b/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil)
-		if !strings.Contains(w.Body.String(), `"status":"ready"`) {
-			t.Fatalf("%v: %s", body, w.Body)
-		}
-		return w.Body.String()
+		return st
 	}
 	counts := func() (int, int) {
 		mu.Lock()

@@ -183,14 +183,19 @@ func (g *Gateway) e2bVolumeCreate(w http.ResponseWriter, r *http.Request) {
 	if !readE2BBody(w, r, &req) {
 		return
 	}
-	if i := g.volumeNode(r, req.Name); i.ok {
-		g.forward(w, r, i.node, r.URL.Path, "")
-		return
-	}
-	n, err := g.place(r, e2bPrefix+"/volumes")
-	if err != nil {
-		g.failE2B(w, err)
-		return
+	g.forwardOrPlace(w, r, g.volumeNode(r, req.Name), e2bPrefix+"/volumes")
+}
+
+// forwardOrPlace forwards r to the node f found, else to the next ready
+// node that accepts r's credentials on acceptPath.
+func (g *Gateway) forwardOrPlace(w http.ResponseWriter, r *http.Request, f found, acceptPath string) {
+	n := f.node
+	if !f.ok {
+		var err error
+		if n, err = g.place(r, acceptPath); err != nil {
+			g.failE2B(w, err)
+			return
+		}
 	}
 	g.forward(w, r, n, r.URL.Path, "")
 }
@@ -229,16 +234,7 @@ func (g *Gateway) e2bTemplateRequest(w http.ResponseWriter, r *http.Request) {
 		name = req.Alias
 	}
 	name, _, _ = strings.Cut(name, ":")
-	if i := g.templateNode(r, name); i.ok {
-		g.forward(w, r, i.node, r.URL.Path, "")
-		return
-	}
-	n, err := g.place(r, e2bPrefix+"/templates")
-	if err != nil {
-		g.failE2B(w, err)
-		return
-	}
-	g.forward(w, r, n, r.URL.Path, "")
+	g.forwardOrPlace(w, r, g.templateNode(r, name), e2bPrefix+"/templates")
 }
 
 // e2bTemplateTags sends a tag change to the node of the template its body
