@@ -104,6 +104,7 @@ type Options struct {
 // Manager owns every jail of one data dir.
 type Manager struct {
 	opts    Options
+	lock    *os.File // the data dir's lock (lockDataDir), held until Close
 	log     *slog.Logger
 	levels  *backend.Registry
 	pool    *storage.Pool
@@ -178,7 +179,7 @@ func (e *entry) snapshot() model.Jail {
 
 // NewManager opens the data dir: the storage pool, the host rootfs, the
 // backend, and every jail recorded there — re-adopting those still running.
-func NewManager(ctx context.Context, opts Options) (*Manager, error) {
+func NewManager(ctx context.Context, opts Options) (_ *Manager, err error) {
 	if opts.DataDir == "" {
 		opts.DataDir = "/var/lib/agentjail"
 	}
@@ -201,7 +202,16 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	if err := os.Chmod(dataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	m := &Manager{opts: opts, log: opts.Logger, jails: map[string]*entry{}, names: map[nameKey]string{}}
+	lock, err := lockDataDir(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
+	m := &Manager{opts: opts, log: opts.Logger, jails: map[string]*entry{}, names: map[nameKey]string{}, lock: lock}
 	initBin, err := installBinary(dataDir)
 	if err != nil {
 		return nil, err
@@ -333,7 +343,11 @@ func (m *Manager) Close() error {
 	if m.regCache != nil {
 		errs = append(errs, m.regCache.srv.Close())
 	}
-	return errors.Join(append(errs, m.images.Close(), m.net.Close(), m.pool.Close())...)
+	errs = append(errs, m.images.Close(), m.net.Close(), m.pool.Close())
+	// The data dir is free for the next daemon once nothing of this one
+	// uses it.
+	m.lock.Close()
+	return errors.Join(errs...)
 }
 
 // defaultPoolSize is 64 GiB or 90 % of the free space, whichever is smaller.

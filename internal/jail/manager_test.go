@@ -425,3 +425,65 @@ func TestInstallBinaryUnreadable(t *testing.T) {
 		t.Fatalf("a readable copy left with mode %v, want 0111", m)
 	}
 }
+
+// TestDataDirInUse: a second manager on a data dir in use fails before it
+// touches anything there (the first's ready disks stay), naming the
+// holder; the first keeps working, and once it is closed the data dir
+// opens again.
+func TestDataDirInUse(t *testing.T) {
+	fake := newFake(config.LevelVM)
+	td := newTestData(t, fake.factory())
+	td.opts.WarmDisks = 2
+	ctx := context.Background()
+	m1, err := NewManager(ctx, td.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			m1.Close()
+		}
+	})
+	warmDir := filepath.Join(td.opts.DataDir, "pool", "warm")
+	var ready []string
+	deadline := time.Now().Add(time.Minute)
+	for len(ready) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool made %d ready disks in a minute, want 2", len(ready))
+		}
+		time.Sleep(10 * time.Millisecond)
+		ents, err := os.ReadDir(warmDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready = ready[:0]
+		for _, e := range ents {
+			ready = append(ready, e.Name())
+		}
+	}
+
+	_, err = NewManager(ctx, td.opts)
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), fmt.Sprintf("in use by another agentjail daemon (pid %d)", os.Getpid())) {
+		t.Fatalf("a second manager on the data dir: %v, want a conflict naming pid %d", err, os.Getpid())
+	}
+	for _, name := range ready {
+		if _, err := os.Stat(filepath.Join(warmDir, name)); err != nil {
+			t.Errorf("the first manager's ready disk %s: %v", name, err)
+		}
+	}
+	if _, err := m1.Create(ctx, req("after", config.LevelVM, true)); err != nil {
+		t.Fatalf("the first manager after the second one's attempt: %v", err)
+	}
+	closed = true
+	if err := m1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := NewManager(ctx, td.opts)
+	if err != nil {
+		t.Fatalf("the data dir once its manager closed: %v", err)
+	}
+	if err := m2.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
