@@ -16,7 +16,7 @@ var scalingLevels = []int{1, 10, 50, 100}
 var scaleOnce = struct {
 	sync.Once
 	create, exec, snapshot, branch map[int]time.Duration
-	rss                            map[int]float64
+	rss, idleCPU                   map[int]float64
 	err                            error
 }{}
 
@@ -24,15 +24,17 @@ var scaleOnce = struct {
 // work a daemon holds: with 1, 10, 50 and 100 idle jails running, the
 // median of a cold create (no ready jails: started until `true` ran in
 // it, then destroyed), an exec round trip of `true`, a full snapshot of a
-// small jail, a branch of one from it (until it answers an exec), and the
-// daemon's RSS. docs/scaling.md holds a run's table.
+// small jail, a branch of one from it (until it answers an exec), the
+// daemon's RSS, and the CPU the daemon uses while nothing happens (the
+// quieter of two 3 s windows after the measures, in percent of one core).
+// docs/scaling.md holds a run's table.
 func BenchmarkScaling(b *testing.B) {
 	requireEnv(b)
 	scaleOnce.Do(func() {
 		o := &scaleOnce
 		o.err = fmt.Errorf("the first run failed")
 		o.create, o.exec, o.snapshot, o.branch = map[int]time.Duration{}, map[int]time.Duration{}, map[int]time.Duration{}, map[int]time.Duration{}
-		o.rss = map[int]float64{}
+		o.rss, o.idleCPU = map[int]float64{}, map[int]float64{}
 		d := newDaemon(b)
 		probe := d.createJail(b, nil)
 		running := 1
@@ -78,6 +80,7 @@ func BenchmarkScaling(b *testing.B) {
 			}
 			o.create[n], o.exec[n], o.snapshot[n], o.branch[n] = median(create), median(execs), median(snaps), median(branches)
 			o.rss[n] = float64(rss) / 1024
+			o.idleCPU[n] = idleCPUPercent(b, d.pid)
 		}
 		o.err = nil
 	})
@@ -91,5 +94,22 @@ func BenchmarkScaling(b *testing.B) {
 		b.ReportMetric(ms(o.snapshot[n]), fmt.Sprintf("snapshot-ms@%d", n))
 		b.ReportMetric(ms(o.branch[n]), fmt.Sprintf("branch-ms@%d", n))
 		b.ReportMetric(o.rss[n], fmt.Sprintf("daemon-rss-MiB@%d", n))
+		b.ReportMetric(o.idleCPU[n], fmt.Sprintf("daemon-idle-cpu-%%@%d", n))
 	}
+}
+
+// idleCPUPercent is the CPU process pid uses while no request comes, in
+// percent of one core: the quieter of two 3 s windows (the first may still
+// hold the end of earlier work).
+func idleCPUPercent(tb testing.TB, pid int) float64 {
+	const window = 3 * time.Second
+	least := time.Duration(-1)
+	for range 2 {
+		before := procCPU(tb, pid)
+		time.Sleep(window)
+		if used := procCPU(tb, pid) - before; least < 0 || used < least {
+			least = used
+		}
+	}
+	return 100 * least.Seconds() / window.Seconds()
 }

@@ -82,7 +82,7 @@ func sum(ds []time.Duration) (s time.Duration) {
 }
 
 // procCPU is the CPU time (user + system) process pid has used.
-func procCPU(t *testing.T, pid int) time.Duration {
+func procCPU(t testing.TB, pid int) time.Duration {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {

@@ -7,12 +7,10 @@
 package fanwatch
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -28,10 +26,12 @@ type Event struct {
 
 // Watcher reads fanotify events of one jail root.
 type Watcher struct {
-	fd   int
+	// f is the fanotify descriptor, non-blocking and waited on through
+	// Go's network poller: an idle watcher holds no thread and makes no
+	// system call.
+	f    *os.File
 	root string
-	stop chan struct{}
-	done sync.WaitGroup
+	done chan struct{}
 }
 
 // Watch marks the filesystem mounted at root (a jail's merged overlay
@@ -46,39 +46,26 @@ func Watch(root string, fn func(Event)) (*Watcher, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("fanotify_mark %s: %w", root, err)
 	}
-	w := &Watcher{fd: fd, root: strings.TrimSuffix(root, "/"), stop: make(chan struct{})}
-	w.done.Add(1)
+	w := &Watcher{f: os.NewFile(uintptr(fd), "fanotify"), root: strings.TrimSuffix(root, "/"), done: make(chan struct{})}
 	go w.run(fn)
 	return w, nil
 }
 
 // Close stops the watcher; fn is not called after it returns.
 func (w *Watcher) Close() error {
-	close(w.stop)
-	w.done.Wait()
-	return unix.Close(w.fd)
+	err := w.f.Close() // ends a read in progress
+	<-w.done
+	return err
 }
 
 func (w *Watcher) run(fn func(Event)) {
-	defer w.done.Done()
+	defer close(w.done)
 	buf := make([]byte, 64<<10)
 	const meta = int(unsafe.Sizeof(unix.FanotifyEventMetadata{}))
 	for {
-		select {
-		case <-w.stop:
-			return
-		default:
-		}
-		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, 100); err != nil && !errors.Is(err, unix.EINTR) {
-			return
-		}
-		n, err := unix.Read(w.fd, buf)
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-			continue
-		}
+		n, err := w.f.Read(buf)
 		if err != nil {
-			return
+			return // closed
 		}
 		for off := 0; off+meta <= n; {
 			m := (*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
