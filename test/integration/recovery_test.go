@@ -1,11 +1,15 @@
 package integration
 
 import (
+	"context"
+	"fmt"
 	"net/http"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestRecovery SIGKILLs the daemon while jails run, restarts it on the
@@ -99,4 +103,28 @@ func TestRecovery(t *testing.T) {
 		d.api.want(t, http.StatusNoContent, "DELETE", "/jails/"+id, nil, nil)
 	}
 	expectClean(t, d, base, "destroying re-adopted jails")
+}
+
+// TestDataDirInUse: a second `agentjail serve` on the data dir of a
+// running daemon (with a jail network of its own, so only the data dir is
+// shared) and an `agentjail teardown` of it both refuse at once, naming the
+// daemon that holds it; the daemon's jail keeps running, and its ready jail
+// still serves a create.
+func TestDataDirInUse(t *testing.T) {
+	d := newDaemon(t, "--warm-jails", "1")
+	j := d.createJail(t, nil)
+	want := fmt.Sprintf("data dir %s is in use by another agentjail daemon (pid %d)", d.dir, d.pid)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binPath, append([]string{"serve", "--data-dir", d.dir, "--addr", "127.0.0.1:0"}, netFlags()...)...).CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), want) {
+		t.Fatalf("a second daemon on the data dir: %v (context: %v)\n%s\nwant an exit saying %q", err, ctx.Err(), out, want)
+	}
+	if out, err := d.teardown(); err == nil || !strings.Contains(out, want) {
+		t.Fatalf("teardown of the data dir in use: %v\n%s\nwant a refusal saying %q", err, out, want)
+	}
+	if res := d.exec(t, j.ID, execReq{Cmd: []string{"true"}}); res.ExitCode != 0 {
+		t.Fatalf("the daemon's jail after both: %s", &res)
+	}
+	d.createJail(t, nil)
 }
