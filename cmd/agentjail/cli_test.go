@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -337,9 +338,14 @@ func TestListenAndServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	lines := lineWriter{make(chan string, 4)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
 	done := make(chan error, 1)
 	go func() {
-		done <- listenAndServe(ctx, api.NewServer(svc, "tok", nil), "127.0.0.1:0", data, slog.New(slog.DiscardHandler), lines, nil)
+		done <- listenAndServe(ctx, api.NewServer(svc, "tok", nil), ln, data, slog.New(slog.DiscardHandler), lines, nil)
 	}()
 	var line string
 	select {

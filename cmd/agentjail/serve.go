@@ -283,11 +283,13 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		opts.EventLogs = exp.JailEvents
 		log.Info("exporting traces and jail events", "otlp", do.otlpEndpoint)
 	}
-	mgr, err := jail.NewManager(ctx, opts)
+	// The addresses first: one in use fails the start at once, before
+	// the manager takes the data dir and starts its jails.
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	mets.Watch(mgr)
+	defer ln.Close()
 	if do.metricsAddr != "" {
 		stop, err := serveMetrics(do.metricsAddr, mets, log)
 		if err != nil {
@@ -295,11 +297,16 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 		}
 		defer stop()
 	}
+	mgr, err := jail.NewManager(ctx, opts)
+	if err != nil {
+		return err
+	}
 	defer func() {
 		if err := mgr.Close(); err != nil {
 			log.Error("closing the jail manager", "err", err)
 		}
 	}()
+	mets.Watch(mgr)
 	absData, err := filepath.Abs(dataDir)
 	if err != nil {
 		return err
@@ -350,7 +357,7 @@ func serve(ctx context.Context, opts jail.Options, addr string, do daemonOptions
 			agent = startKubeAgent(actx, do.kubeNode, do.kubeAgent, absData, bound, log)
 		}
 	}
-	err = listenAndServe(ctx, e2bSvc.WrapHosts(previews.Wrap(root)), addr, dataDir, log, os.Stderr, started)
+	err = listenAndServe(ctx, e2bSvc.WrapHosts(previews.Wrap(root)), ln, dataDir, log, os.Stderr, started)
 	stopAgent()
 	if agent != nil {
 		agent.wait()
@@ -377,16 +384,11 @@ func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(
 	return func() { srv.Close() }, nil
 }
 
-// listenAndServe serves h on addr until ctx is cancelled. Once listening
-// it writes the bound HOST:PORT to DATA_DIR/daemon.addr (removed again on
-// return) and announces it on stderr in one line; then it calls started
-// (if set) with that address.
-func listenAndServe(ctx context.Context, h http.Handler, addr, dataDir string, log *slog.Logger, stderr io.Writer, started func(bound string)) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
-	}
-	defer ln.Close()
+// listenAndServe serves h on ln until ctx is cancelled. It first writes
+// the bound HOST:PORT to DATA_DIR/daemon.addr (removed again on return)
+// and announces it on stderr in one line; then it calls started (if set)
+// with that address.
+func listenAndServe(ctx context.Context, h http.Handler, ln net.Listener, dataDir string, log *slog.Logger, stderr io.Writer, started func(bound string)) error {
 	bound := ln.Addr().String()
 	addrPath := filepath.Join(dataDir, addrFile)
 	if err := atomicfile.WriteFile(addrPath, []byte(bound+"\n"), 0o644); err != nil {

@@ -2,9 +2,14 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -127,4 +132,29 @@ func TestDataDirInUse(t *testing.T) {
 		t.Fatalf("the daemon's jail after both: %s", &res)
 	}
 	d.createJail(t, nil)
+}
+
+// TestAddressInUse: a daemon whose API address is taken exits at once,
+// saying so, before it makes anything in its data dir (no storage pool, no
+// jail).
+func TestAddressInUse(t *testing.T) {
+	requireEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binPath, append([]string{"serve", "--data-dir", dir, "--addr", ln.Addr().String()}, netFlags()...)...).CombinedOutput()
+	want := fmt.Sprintf("listen on %s: ", ln.Addr())
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), want) || !strings.Contains(string(out), "address already in use") {
+		t.Fatalf("a daemon on an address in use: %v (context: %v)\n%s\nwant an exit saying %q…address already in use", err, ctx.Err(), out, want)
+	}
+	for _, made := range []string{"storage.img", "pool", "jails"} {
+		if _, err := os.Stat(filepath.Join(dir, made)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the failed start left %s in its data dir (%v)", made, err)
+		}
+	}
 }
