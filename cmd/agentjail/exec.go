@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"time"
 
@@ -31,8 +33,8 @@ func newExecCmd(g *globals) *cobra.Command {
 		Short: "Run a command in a running jail, streaming its output",
 		Long: `Run a command in a running jail. Its stdout and stderr are written here as
 they happen; agentjail exits with the command's status (128+N when killed by
-signal N, 124 when --timeout expired). With -i, this process's stdin is read
-to its end and then given to the command.
+signal N, 124 when --timeout expired). With -i, this process's stdin goes to
+the command as it comes (of any size), and its end ends the command's stdin.
 
 With -t, the command runs on a terminal in the jail (a terminal session,
 recorded): this terminal is put in raw mode and connected to it, window size
@@ -60,7 +62,7 @@ changes follow. ` + detachHelp,
 				}
 				return runTerminal(cmd, c, ref, client.TerminalOptions{Cmd: argv, Env: envMap, User: ef.user, Cwd: ef.cwd})
 			}
-			req, err := ef.request(argv, envMap, cmd.InOrStdin())
+			req, err := ef.request(argv, envMap)
 			if err != nil {
 				return err
 			}
@@ -68,7 +70,7 @@ changes follow. ` + detachHelp,
 			if err != nil {
 				return err
 			}
-			return streamExec(cmd, c, ref, req)
+			return ef.runExec(cmd, c, ref, req)
 		},
 	}
 	// Flags go before the jail; everything after it is the command.
@@ -84,6 +86,57 @@ changes follow. ` + detachHelp,
 func streamExec(cmd *cobra.Command, c *client.Client, ref string, req client.ExecRequest) error {
 	return printStream(cmd, func(fn func(string, []byte) error) (*client.ExecResult, error) {
 		return c.ExecStream(cmd.Context(), ref, req, fn)
+	})
+}
+
+// runExec runs req in jail ref, writing its output live, and returns the
+// command's exit status as an exitCode (nil for 0). With -i this
+// process's stdin goes to the command as it comes, over the command
+// WebSocket, with no bound on its size; a daemon without that route gets
+// it whole in the request, read to its end first.
+func (f *execFlags) runExec(cmd *cobra.Command, c *client.Client, ref string, req client.ExecRequest) error {
+	if !f.stdin {
+		return streamExec(cmd, c, ref, req)
+	}
+	ctx := cmd.Context()
+	cm, err := c.Command(ctx, ref, client.CommandOptions{Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TimeoutMs: req.TimeoutMs, Stdin: true})
+	if ae := (*client.APIError)(nil); errors.As(err, &ae) && ae.Status == http.StatusNotImplemented {
+		b, err := io.ReadAll(cmd.InOrStdin())
+		if err != nil {
+			return fmt.Errorf("reading stdin: %w", err)
+		}
+		req.Stdin = string(b)
+		return streamExec(cmd, c, ref, req)
+	}
+	if err != nil {
+		return err
+	}
+	defer cm.Close()
+	go func() {
+		// Ends when stdin does, or when the connection does (the command
+		// exited): a write then fails.
+		if _, err := io.Copy(cm, cmd.InOrStdin()); err == nil {
+			_ = cm.CloseStdin(ctx)
+		}
+	}()
+	return printStream(cmd, func(fn func(string, []byte) error) (*client.ExecResult, error) {
+		for {
+			stream, data, err := cm.Next(ctx)
+			if errors.Is(err, io.EOF) {
+				ex, _ := cm.Exit()
+				return &client.ExecResult{ExitCode: ex.Code, Signal: ex.Signal, TimedOut: ex.TimedOut}, nil
+			}
+			if err != nil {
+				return nil, err
+			}
+			name := "stdout"
+			if stream == client.Stderr {
+				name = "stderr"
+			}
+			if err := fn(name, data); err != nil {
+				return nil, err
+			}
+		}
 	})
 }
 
@@ -176,7 +229,7 @@ defaults to its Cmd:
 			if cf.file == "-" && ef.stdin {
 				return usageError{errors.New("run: -f - and -i both read stdin")}
 			}
-			ereq, err := ef.request(args, nil, cmd.InOrStdin())
+			ereq, err := ef.request(args, nil)
 			if err != nil {
 				return err
 			}
@@ -189,7 +242,7 @@ defaults to its Cmd:
 			if err != nil {
 				return err
 			}
-			runErr := streamExec(cmd, c, j.ID, ereq)
+			runErr := ef.runExec(cmd, c, j.ID, ereq)
 			if rm {
 				// The command's context may be cancelled (Ctrl-C); clean up
 				// on a context of our own.

@@ -177,21 +177,15 @@ func (f *execFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVarP(&f.stdin, "interactive", "i", false, "pass this process's stdin to the command")
 }
 
-// request builds the ExecRequest of argv.
-func (f *execFlags) request(argv []string, env map[string]string, stdin io.Reader) (client.ExecRequest, error) {
+// request builds the ExecRequest of argv; with -i, runExec feeds it this
+// process's stdin.
+func (f *execFlags) request(argv []string, env map[string]string) (client.ExecRequest, error) {
 	req := client.ExecRequest{Cmd: argv, Env: env, Cwd: f.cwd, User: f.user, TimeoutMs: f.timeout.Milliseconds()}
 	if f.timeout < 0 {
 		return req, usageError{fmt.Errorf("--timeout: %s is negative", f.timeout)}
 	}
 	if f.timeout > 0 && req.TimeoutMs == 0 {
 		req.TimeoutMs = 1
-	}
-	if f.stdin {
-		b, err := io.ReadAll(stdin)
-		if err != nil {
-			return req, fmt.Errorf("reading stdin: %w", err)
-		}
-		req.Stdin = string(b)
 	}
 	return req, nil
 }

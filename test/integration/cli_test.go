@@ -1,11 +1,18 @@
 package integration
 
 import (
+	"bufio"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 )
 
@@ -87,6 +94,15 @@ func TestCLI(t *testing.T) {
 		if code != 0 || out != "piped in" {
 			t.Errorf("exec -i: exit %d, %q", code, out)
 		}
+		// Input above any request body's bound, and the command's status.
+		big := make([]byte, 9<<20)
+		rand.Read(big)
+		sum := sha256.Sum256(big)
+		out, errOut, code = d.cli(t, string(big), "exec", "-i", name, "sh", "-c", "sha256sum; exit 5")
+		if code != 5 || !strings.HasPrefix(out, hex.EncodeToString(sum[:])+" ") {
+			t.Errorf("exec -i of 9 MiB: exit %d, stdout %q, stderr %q; want exit 5 and digest %x", code, out, errOut, sum)
+		}
+		t.Run("stream", func(t *testing.T) { cliInteractive(t, d, name) })
 		out, _, code = d.cli(t, "", "exec", "-u", "root", "-e", "X=1", "--cwd", "/tmp", name, "sh", "-c", "echo $(id -u) $X $(pwd)")
 		if code != 0 || out != "0 1 /tmp\n" {
 			t.Errorf("exec -u root -e X=1 --cwd /tmp: exit %d, %q", code, out)
@@ -247,4 +263,55 @@ func indent(s string, i int) int {
 		n++
 	}
 	return n
+}
+
+// cliInteractive checks that exec -i streams both ways: the command
+// answers each line of its input before the next is written.
+func cliInteractive(t *testing.T, d *daemon, name string) {
+	cmd := exec.Command(binPath, "--addr", d.addr, "exec", "-i", name, "sh", "-c", `while read l; do echo "got $l"; done; echo bye`)
+	cmd.Env = append(os.Environ(), "AGENTJAIL_TOKEN="+d.token)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(outPipe)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next := func() string {
+		select {
+		case l := <-lines:
+			return l
+		case <-time.After(30 * time.Second):
+			t.Fatal("no answer within 30 s while the input stays open")
+			return ""
+		}
+	}
+	for _, w := range []string{"one", "two"} {
+		if _, err := io.WriteString(in, w+"\n"); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(); got != "got "+w {
+			t.Fatalf("after writing %q: read %q", w, got)
+		}
+	}
+	in.Close()
+	if got := next(); got != "bye" {
+		t.Fatalf("after closing the input: read %q, want bye", got)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exec -i: %v", err)
+	}
 }
