@@ -538,12 +538,26 @@ func (c *Client) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts
 
 // Mkdir creates a directory (and missing parents) in the jail.
 func (c *Client) Mkdir(ctx context.Context, ref, p string, opts WriteOptions) (*FileInfo, error) {
+	q := writeQuery(opts)
+	q.Set("type", "dir")
+	return c.putEmpty(ctx, ref, p, q)
+}
+
+// Symlink creates the symbolic link p → target in the jail (a conflict
+// when p exists); opts.Mode does not apply.
+func (c *Client) Symlink(ctx context.Context, ref, p, target string, opts WriteOptions) (*FileInfo, error) {
+	q := writeQuery(opts)
+	q.Set("type", "symlink")
+	q.Set("target", target)
+	return c.putEmpty(ctx, ref, p, q)
+}
+
+// putEmpty creates what the query q describes at p, with an empty body.
+func (c *Client) putEmpty(ctx context.Context, ref, p string, q url.Values) (*FileInfo, error) {
 	u, err := fileURL(ref, p)
 	if err != nil {
 		return nil, err
 	}
-	q := writeQuery(opts)
-	q.Set("type", "dir")
 	resp, err := c.do(ctx, request{method: http.MethodPut, path: u, query: q})
 	if err != nil {
 		return nil, err

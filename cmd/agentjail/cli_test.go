@@ -225,13 +225,21 @@ func TestCpVerb(t *testing.T) {
 	if err := os.Symlink("a.txt", filepath.Join(src, "link")); err != nil {
 		t.Fatal(err)
 	}
-	// Into an existing jail directory: the tree lands inside it.
-	_, _, errs := c.run("", "cp", src, "cp:/workspace")
-	if !strings.Contains(errs, "skipping") {
-		t.Errorf("the symlink was not reported as skipped: %q", errs)
-	}
+	// Into an existing jail directory: the tree lands inside it, its
+	// link as a link; copied again, the link replaces the one there.
+	c.ok("cp", src, "cp:/workspace")
 	if err := c.svc.AddSymlink("cp", "/workspace/tree/ln", "a.txt"); err != nil {
 		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(src, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub/b.sh", filepath.Join(src, "link")); err != nil {
+		t.Fatal(err)
+	}
+	c.ok("cp", src, "cp:/workspace")
+	if fi, err := c.svc.Stat(context.Background(), "cp", "/workspace/tree/link"); err != nil || fi.Type != "symlink" || fi.LinkTarget != "sub/b.sh" {
+		t.Fatalf("the copied link in the jail: %+v %v", fi, err)
 	}
 	dst := t.TempDir()
 	c.ok("cp", "cp:/workspace/tree", filepath.Join(dst, "back"))
@@ -248,8 +256,10 @@ func TestCpVerb(t *testing.T) {
 	if st, _ := os.Stat(filepath.Join(dst, "back", "sub")); st.Mode().Perm() != 0o750 {
 		t.Errorf("sub: mode %v, want 0750", st.Mode().Perm())
 	}
-	if target, err := os.Readlink(filepath.Join(dst, "back", "ln")); err != nil || target != "a.txt" {
-		t.Errorf("symlink: %q %v", target, err)
+	for ln, want := range map[string]string{"ln": "a.txt", "link": "sub/b.sh"} {
+		if target, err := os.Readlink(filepath.Join(dst, "back", ln)); err != nil || target != want {
+			t.Errorf("symlink %s: %q %v, want %q", ln, target, err, want)
+		}
 	}
 	// A single file to a new name, and into an existing local directory.
 	c.ok("cp", "cp:/workspace/tree/a.txt", filepath.Join(dst, "single"))

@@ -25,8 +25,8 @@ func newCpCmd(g *globals) *cobra.Command {
 		Long: `Copy a file or a directory tree (recursively) between this host and a
 jail; one side is JAIL:/absolute/path. Permission bits are kept; files in the
 jail belong to the jail's user. When DST is an existing directory, SRC is
-copied into it. Symbolic links are recreated when copying out of a jail and
-skipped (with a warning) when copying into one.`,
+copied into it. Symbolic links are copied as links, their targets as they are
+(a link in the jail replaces what was at its path).`,
 		Args: usageArgs(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sref, spath, sjail := splitJailPath(args[0])
@@ -210,8 +210,21 @@ func (cp *copier) push(src string, st os.FileInfo, ref, dst string) error {
 		defer f.Close()
 		_, err = cp.c.WriteFile(cp.ctx, ref, dst, f, client.WriteOptions{Mode: apiMode(st.Mode())})
 		return err
+	case st.Mode()&fs.ModeSymlink != 0:
+		target, err := os.Readlink(src)
+		if err != nil {
+			return err
+		}
+		_, err = cp.c.Symlink(cp.ctx, ref, dst, target, client.WriteOptions{})
+		if client.IsConflict(err) {
+			if err := cp.c.Remove(cp.ctx, ref, dst, false); err != nil {
+				return err
+			}
+			_, err = cp.c.Symlink(cp.ctx, ref, dst, target, client.WriteOptions{})
+		}
+		return err
 	default:
-		fmt.Fprintf(cp.warn, "agentjail: cp: skipping %s (%s; only files and directories can be copied into a jail)\n", src, st.Mode().Type())
+		fmt.Fprintf(cp.warn, "agentjail: cp: skipping %s (%s; only files, directories and symbolic links can be copied into a jail)\n", src, st.Mode().Type())
 		return nil
 	}
 }

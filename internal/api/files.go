@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -171,7 +172,7 @@ func (s *server) putFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	q, err := query(r, "mode", "user", "type")
+	q, err := query(r, "mode", "user", "type", "target")
 	if err != nil {
 		return err
 	}
@@ -185,7 +186,21 @@ func (s *server) putFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	var info *model.FileInfo
+	if q.Has("target") && q.Get("type") != "symlink" {
+		return errdefs.Invalidf("query parameter target: only with type=symlink")
+	}
 	switch t := q.Get("type"); t {
+	case "symlink":
+		target := q.Get("target")
+		switch {
+		case r.ContentLength > 0:
+			return errdefs.Invalidf("request body: must be empty with type=symlink")
+		case opts.Mode != 0:
+			return errdefs.Invalidf("query parameter mode: a symbolic link has no mode of its own")
+		case target == "" || len(target) > initproto.MaxLinkTarget || strings.IndexByte(target, 0) >= 0:
+			return errdefs.Invalidf("query parameter target: the link's target, 1 to %d bytes without NUL, is required with type=symlink", initproto.MaxLinkTarget)
+		}
+		info, err = s.svc.Symlink(r.Context(), id, p, target, opts)
 	case "dir":
 		if r.ContentLength > 0 {
 			return errdefs.Invalidf("request body: must be empty with type=dir")
@@ -205,7 +220,7 @@ func (s *server) putFile(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.Wrap(errdefs.ErrInvalid, body.readErr, "upload: reading the request body")
 		}
 	default:
-		return errdefs.Invalidf("query parameter type: %q (expected file or dir)", t)
+		return errdefs.Invalidf("query parameter type: %q (expected file, dir or symlink)", t)
 	}
 	if err != nil {
 		return err

@@ -105,6 +105,7 @@ func FuzzAPIRequests(f *testing.F) {
 		{9, "workspace", "access=write&user=root", "", false, false},
 		{10, "workspace/new.txt", "mode=0600", "data", false, false},
 		{10, "workspace/dir", "type=dir", "", false, false},
+		{10, "workspace/link", "type=symlink&target=a.txt", "", false, false},
 		{11, "workspace/a.txt", "recursive=true", "", false, false},
 		{12, "", "text=true", "", false, false},
 		{13, "", "text=false", "", false, false},

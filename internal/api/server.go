@@ -73,6 +73,9 @@ type Service interface {
 	WriteFile(ctx context.Context, ref, path string, r io.Reader, opts model.WriteOptions) (*model.FileInfo, error)
 	// Mkdir creates the directory at path and any missing parents.
 	Mkdir(ctx context.Context, ref, path string, opts model.WriteOptions) (*model.FileInfo, error)
+	// Symlink creates the symbolic link path → target (ErrConflict when
+	// path exists); opts.Mode does not apply.
+	Symlink(ctx context.Context, ref, path, target string, opts model.WriteOptions) (*model.FileInfo, error)
 	// Remove deletes path; a non-empty directory needs recursive.
 	Remove(ctx context.Context, ref, path string, recursive bool) error
 	// Access reports whether user (default: the jail's user) may read or

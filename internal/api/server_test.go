@@ -561,6 +561,11 @@ func TestFiles(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &fi); w.Code != 201 || err != nil || fi.Type != "dir" || fi.Mode != "0750" {
 		t.Fatalf("mkdir %d %s %v", w.Code, w.Body, err)
 	}
+	w = h.do("PUT", base+"workspace/new/link?type=symlink&target=../a.txt", nil, nil)
+	if err := json.Unmarshal(w.Body.Bytes(), &fi); w.Code != 201 || err != nil || fi.Type != "symlink" || fi.LinkTarget != "../a.txt" {
+		t.Fatalf("symlink %d %s %v", w.Code, w.Body, err)
+	}
+	wantError(t, h.do("PUT", base+"workspace/new/link?type=symlink&target=x", nil, nil), 409, "conflict")
 	wantError(t, h.do("DELETE", base+"workspace/dir", nil, nil), 409, "conflict")
 	if w := h.do("DELETE", base+"workspace/dir?recursive=true", nil, nil); w.Code != 204 {
 		t.Fatalf("delete: %d %s", w.Code, w.Body)
@@ -581,6 +586,12 @@ func TestFiles(t *testing.T) {
 		{"PUT", base + "workspace/f?mode=0999", "mode"},
 		{"PUT", base + "workspace/f?mode=17777", "mode"},
 		{"PUT", base + "workspace/f?type=fifo", "type"},
+		{"PUT", base + "workspace/l?type=symlink", "target"},
+		{"PUT", base + "workspace/l?type=symlink&target=", "target"},
+		{"PUT", base + "workspace/l?type=symlink&target=a%00b", "target"},
+		{"PUT", base + "workspace/l?type=symlink&target=" + strings.Repeat("a", 4096), "target"},
+		{"PUT", base + "workspace/l?type=symlink&target=x&mode=0644", "mode"},
+		{"PUT", base + "workspace/l?target=x", "target"},
 		{"DELETE", base + "workspace?recursive=yes", "recursive"},
 	} {
 		msg := wantError(t, h.do(tc.method, tc.target, nil, nil), 400, "invalid_argument")
@@ -589,6 +600,7 @@ func TestFiles(t *testing.T) {
 		}
 	}
 	wantError(t, h.do("PUT", base+"workspace/d?type=dir", strings.NewReader("x"), nil), 400, "invalid_argument")
+	wantError(t, h.do("PUT", base+"workspace/l?type=symlink&target=x", strings.NewReader("x"), nil), 400, "invalid_argument")
 }
 
 func TestRouteTable(t *testing.T) {

@@ -166,6 +166,18 @@ func (c *Client) Mkdir(ctx context.Context, path string, opts initproto.WriteOpt
 	return info, err
 }
 
+// Symlink creates the symbolic link path → target, owned by user (default:
+// the jail's user), and describes it. An existing path is ErrConflict; a
+// path whose parent is missing ErrNotFound.
+func (c *Client) Symlink(ctx context.Context, path, target, user string) (initproto.FileInfo, error) {
+	var info initproto.FileInfo
+	if err := checkPath("path", path); err != nil {
+		return info, err
+	}
+	err := c.call(ctx, "symlink", initproto.MsgSymlink, initproto.SymlinkRequest{Path: path, Target: target, User: user}, &info)
+	return info, err
+}
+
 // Remove deletes a path (a final symlink itself, not its target). A
 // non-empty directory needs recursive (else ErrUnprocessable); a path
 // that contains a blocked path is ErrForbidden.

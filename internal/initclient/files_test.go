@@ -298,6 +298,10 @@ func TestBlockedPaths(t *testing.T) {
 	blocked("write through symlinked dir", err, "/sneakydir/new")
 	_, err = c.Mkdir(ctx, "/secret/d", initproto.WriteOptions{MkdirParents: true})
 	blocked("mkdir", err, "/secret/d")
+	_, err = c.Symlink(ctx, "/secret/link", "file", "")
+	blocked("symlink", err, "/secret/link")
+	_, err = c.Symlink(ctx, "/sneakydir/link", "x", "")
+	blocked("symlink through symlinked dir", err, "/sneakydir/link")
 	blocked("remove parent", c.Remove(ctx, "/data", true), "/data")
 	blocked("rename", c.Rename(ctx, "/data/private", "/elsewhere"), "/data/private")
 	blocked("rename into", c.Rename(ctx, "/data/ok", "/secret/ok"), "/secret/ok")
@@ -518,5 +522,60 @@ func TestDiskFullAndReadOnly(t *testing.T) {
 	}
 	if s, err := readAll(e.c, "/ro/f"); err != nil || s != "data" {
 		t.Fatalf("read on a read-only mount: %q %v", s, err)
+	}
+}
+
+// TestSymlinkCreate: a link is made as given, owned by the jail's user (or
+// the one asked for); following it stays inside the root; an existing
+// path, a missing parent and a malformed target are refused.
+func TestSymlinkCreate(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	c := e.c
+	mustMkdir(t, filepath.Join(e.root, "work"), 0o755)
+	mustWrite(t, filepath.Join(e.root, "work/data.txt"), "inside", 0o644)
+	info, err := c.Symlink(ctx, "/work/rel", "data.txt", "")
+	if err != nil || info.Type != initproto.TypeSymlink || info.LinkTarget != "data.txt" || info.UID != 1000 || info.GID != 1000 || info.Path != "/work/rel" {
+		t.Fatalf("symlink: %+v %v", info, err)
+	}
+	if got, err := os.Readlink(filepath.Join(e.root, "work/rel")); err != nil || got != "data.txt" {
+		t.Fatalf("on disk: %q %v", got, err)
+	}
+	if u, g, _ := owner(t, filepath.Join(e.root, "work/rel")); u != 1000 || g != 1000 {
+		t.Fatalf("on disk owner %d:%d", u, g)
+	}
+	if s, err := readAll(c, "/work/rel"); err != nil || s != "inside" {
+		t.Fatalf("read through the new link: %q %v", s, err)
+	}
+	if info, err := c.Symlink(ctx, "/work/as-tester", "/work/data.txt", "tester"); err != nil || info.UID != 4321 {
+		t.Fatalf("symlink as tester: %+v %v", info, err)
+	}
+	// A target outside the root is kept as given, and reading through it
+	// stays inside the root: the host's file next to the root is not read.
+	escape := strings.Repeat("../", 8) + filepath.Join(strings.TrimPrefix(e.outside, "/"), "secret")
+	if _, err := c.Symlink(ctx, "/work/escape", escape, ""); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := readAll(c, "/work/escape"); err == nil || s == secret {
+		t.Fatalf("read through a link out of the root: %q %v", s, err)
+	}
+	for _, tc := range []struct {
+		name, path, target string
+		want               error
+	}{
+		{"existing path", "/work/data.txt", "x", errdefs.ErrConflict},
+		{"existing link", "/work/rel", "x", errdefs.ErrConflict},
+		{"missing parent", "/nowhere/link", "x", errdefs.ErrNotFound},
+		{"empty target", "/work/empty", "", errdefs.ErrInvalid},
+		{"NUL in target", "/work/nul", "a\x00b", errdefs.ErrInvalid},
+		{"target too long", "/work/long", strings.Repeat("a", initproto.MaxLinkTarget+1), errdefs.ErrInvalid},
+		{"relative path", "work/x", "x", errdefs.ErrInvalid},
+	} {
+		if _, err := c.Symlink(ctx, tc.path, tc.target, ""); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if got := mustRead(t, filepath.Join(e.root, "work/data.txt")); got != "inside" {
+		t.Errorf("the refused link changed the file: %q", got)
 	}
 }

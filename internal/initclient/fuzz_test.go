@@ -299,6 +299,7 @@ func FuzzInitProtocol(f *testing.F) {
 	f.Add(byte(initproto.MsgWriteFile), []byte(`{"path":"/work/new2"}`), frame(initproto.MsgData, "cut short"))
 	f.Add(byte(initproto.MsgWriteFile), []byte(`{"path":"/work/new3"}`), frame(initproto.MsgStdin, "wrong type"))
 	f.Add(byte(initproto.MsgMkdir), []byte(`{"path":"/work/d/e","mkdir_parents":true,"user":"tester"}`), []byte{})
+	f.Add(byte(initproto.MsgSymlink), []byte(`{"path":"/work/ln","target":"../../out-abs/x","user":"tester"}`), []byte{})
 	f.Add(byte(initproto.MsgRemove), []byte(`{"path":"/work/dir","recursive":true}`), []byte{})
 	f.Add(byte(initproto.MsgRename), []byte(`{"from":"/work/file","to":"/work/out-abs/x"}`), []byte{})
 	f.Add(byte(initproto.MsgAccess), []byte(`{"path":"/work/file","write":true,"user":"1000"}`), []byte{})

@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -59,6 +60,16 @@ func (s *Server) fileOp(c *conn, t initproto.MsgType, payload []byte) error {
 			return err
 		}
 		info, err := s.mkdir(&req)
+		if err != nil {
+			return err
+		}
+		return c.sendJSON(initproto.MsgOK, info)
+	case initproto.MsgSymlink:
+		var req initproto.SymlinkRequest
+		if err := decodeReq(t, payload, &req); err != nil {
+			return err
+		}
+		info, err := s.symlink(&req)
 		if err != nil {
 			return err
 		}
@@ -432,6 +443,38 @@ func (s *Server) mkdirOne(p string, id *identity, mode uint32) error {
 		return pathError("mkdir", p, err)
 	}
 	return nil
+}
+
+// symlink creates the symbolic link req.Path → req.Target, owned by the
+// request's user, and describes it.
+func (s *Server) symlink(req *initproto.SymlinkRequest) (initproto.FileInfo, error) {
+	p, err := cleanPath("path", req.Path)
+	if err != nil {
+		return initproto.FileInfo{}, err
+	}
+	if req.Target == "" || len(req.Target) > initproto.MaxLinkTarget || strings.IndexByte(req.Target, 0) >= 0 {
+		return initproto.FileInfo{}, newError(initproto.KindInvalid, p, "target: a symbolic link's target is 1 to %d bytes without NUL", initproto.MaxLinkTarget)
+	}
+	id, err := s.writeIdentity(req.User)
+	if err != nil {
+		return initproto.FileInfo{}, err
+	}
+	dirfd, base, resolved, err := s.root.openParent(p)
+	if err != nil {
+		return initproto.FileInfo{}, err
+	}
+	defer unix.Close(dirfd)
+	if s.root.containsBlocked(resolved) {
+		return initproto.FileInfo{}, blockedError(p)
+	}
+	if err := unix.Symlinkat(req.Target, dirfd, base); err != nil {
+		return initproto.FileInfo{}, pathError("symlink", p, err)
+	}
+	if err := unix.Fchownat(dirfd, base, id.UID, id.GID, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		unix.Unlinkat(dirfd, base, 0)
+		return initproto.FileInfo{}, pathError("symlink", p, err)
+	}
+	return s.stat(p)
 }
 
 // reportAs names the requested path p in a blocked error found on one of

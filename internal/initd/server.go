@@ -416,7 +416,7 @@ func keepAliveOp(t initproto.MsgType) bool {
 	switch t {
 	case initproto.MsgPing, initproto.MsgSignal, initproto.MsgKill, initproto.MsgList, initproto.MsgSessions,
 		initproto.MsgInput, initproto.MsgSetSize, initproto.MsgStat, initproto.MsgReadDir, initproto.MsgMkdir,
-		initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess, initproto.MsgShims, initproto.MsgExec:
+		initproto.MsgSymlink, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess, initproto.MsgShims, initproto.MsgExec:
 		return true
 	}
 	return false
@@ -662,7 +662,7 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 		}
 		return s.dialPort(c, req)
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,
-		initproto.MsgMkdir, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
+		initproto.MsgMkdir, initproto.MsgSymlink, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
 		return recorded(func() error { return s.fileOp(c, t, payload) })
 	}
 	return newError(initproto.KindInvalid, "", "unknown request type %s", t)

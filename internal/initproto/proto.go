@@ -15,8 +15,8 @@
 // connection (below). The client sends one request frame (a Msg* request
 // type below), then the operation proceeds:
 //
-//   - Ping, Signal, Kill, List, Sessions, Stat, ReadDir, Mkdir, Remove,
-//     Rename, Access: init answers with one MsgOK frame (JSON result,
+//   - Ping, Signal, Kill, List, Sessions, Stat, ReadDir, Mkdir, Symlink,
+//     Remove, Rename, Access: init answers with one MsgOK frame (JSON result,
 //     possibly empty) or one MsgError frame (JSON Error).
 //   - Exec: init answers MsgStarted (JSON Started) or MsgError. After
 //     MsgStarted the client may send MsgStdin / MsgStdinClose (when the
@@ -41,8 +41,8 @@
 // MsgKeepAlive without waiting: an init that predates keep-alive answers
 // MsgError and closes the connection without reading further. Only the
 // operations answered by one frame (Ping, Signal, Kill, List, Sessions,
-// Shims without Checkpoint, Input, SetSize, Stat, ReadDir, Mkdir, Remove,
-// Rename, Access) and an Exec without a stdin stream, terminal or Detach
+// Shims without Checkpoint, Input, SetSize, Stat, ReadDir, Mkdir, Symlink,
+// Remove, Rename, Access) and an Exec without a stdin stream, terminal or Detach
 // may be sent on it;
 // another request is answered MsgError and the connection closed. An Exec
 // on a keep-alive connection ends with the client's MsgRelease after init's
@@ -183,6 +183,7 @@ const (
 	MsgRename    MsgType = 0x16 // RenameRequest
 	MsgAccess    MsgType = 0x17 // AccessRequest; OK carries AccessResult
 	MsgDial      MsgType = 0x18 // DialRequest; OK carries DialAnswer, then the connection is the TCP stream
+	MsgSymlink   MsgType = 0x19 // SymlinkRequest; OK carries FileInfo
 )
 
 // Stream types sent by the client after a request.
@@ -234,7 +235,7 @@ func (t MsgType) String() string {
 var msgNames = map[MsgType]string{
 	MsgPing: "ping", MsgExec: "exec", MsgAttach: "attach", MsgSignal: "signal", MsgKill: "kill",
 	MsgList: "list", MsgSessions: "sessions", MsgShims: "shims", MsgInput: "input", MsgSetSize: "set-size", MsgWatch: "watch", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
-	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgRemove: "remove", MsgRename: "rename",
+	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgSymlink: "symlink", MsgRemove: "remove", MsgRename: "rename",
 	MsgAccess: "access", MsgDial: "dial", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
 	MsgPTYSignal: "pty-signal", MsgKeepAlive: "keep-alive", MsgRelease: "release",
 	MsgData: "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",

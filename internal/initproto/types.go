@@ -296,6 +296,20 @@ type MkdirRequest struct {
 	WriteOptions
 }
 
+// SymlinkRequest creates a symbolic link at Path to Target (MsgSymlink),
+// owned by User (default: the jail's user). Target is kept as given: it
+// is resolved, like any link, by whoever follows it. An existing Path is
+// an error.
+type SymlinkRequest struct {
+	Path   string `json:"path"`
+	Target string `json:"target"`
+	User   string `json:"user,omitempty"`
+}
+
+// MaxLinkTarget bounds a symbolic link's target (the kernel's PATH_MAX,
+// less its terminating NUL).
+const MaxLinkTarget = 4095
+
 // RemoveRequest removes a path (MsgRemove).
 type RemoveRequest struct {
 	Path      string `json:"path"`

@@ -136,10 +136,28 @@ func TestCLI(t *testing.T) {
 			}
 		}
 
+		if err := os.Symlink("sub/run.sh", filepath.Join(tree, "latest")); err != nil {
+			t.Fatal(err)
+		}
 		d.mustCLI(t, "cp", filepath.Join(local, "single"), name+":/workspace/single")
 		d.mustCLI(t, "cp", tree, name+":/workspace/")
 		if out := d.mustSh(t, created.ID, "cat /workspace/single; echo; cat /workspace/tree/a.txt; echo; /workspace/tree/sub/run.sh; stat -c %a /workspace/single"); out != "one file\nalpha\nran\n600\n" {
 			t.Errorf("after cp in: %q", out)
+		}
+		// A link is copied as a link, owned by the jail's user; copied
+		// again, it replaces the one there.
+		if out := d.mustSh(t, created.ID, "readlink /workspace/tree/latest; /workspace/tree/latest; stat -c %U /workspace/tree/latest"); out != "sub/run.sh\nran\nagent\n" {
+			t.Errorf("the copied link: %q", out)
+		}
+		if err := os.Remove(filepath.Join(tree, "latest")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("a.txt", filepath.Join(tree, "latest")); err != nil {
+			t.Fatal(err)
+		}
+		d.mustCLI(t, "cp", tree, name+":/workspace/")
+		if out := d.mustSh(t, created.ID, "readlink /workspace/tree/latest"); out != "a.txt\n" {
+			t.Errorf("the link copied again: %q", out)
 		}
 		c := newCanary(t, "/var/tmp")
 		d.mustSh(t, created.ID, "echo made inside > /workspace/tree/inside.txt; ln -s "+c.Path+" /workspace/tree/link")

@@ -380,6 +380,24 @@ func (s *Service) Mkdir(_ context.Context, ref, p string, opts model.WriteOption
 	return fj.info(p)
 }
 
+// Symlink adds the symbolic link p → target.
+func (s *Service) Symlink(_ context.Context, ref, p, target string, _ model.WriteOptions) (*model.FileInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fj, err := s.running(ref)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := fj.files[p]; ok {
+		return nil, errdefs.Conflictf("%s: exists", p)
+	}
+	if n, ok := fj.files[path.Dir(p)]; !ok || !n.dir {
+		return nil, errdefs.NotFoundf("%s: no such directory", path.Dir(p))
+	}
+	fj.files[p] = &node{link: target, mode: 0o777, mtime: time.Now()}
+	return fj.info(p)
+}
+
 // Remove deletes a path; a non-empty directory needs recursive.
 func (s *Service) Remove(_ context.Context, ref, p string, recursive bool) error {
 	s.mu.Lock()
