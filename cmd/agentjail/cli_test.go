@@ -459,3 +459,19 @@ func TestReachable(t *testing.T) {
 		}
 	}
 }
+
+// TestNoDaemon: a client whose daemon does not run says so, naming the
+// address, and how to start one.
+func TestNoDaemon(t *testing.T) {
+	c := newCLI(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.addr = ln.Addr().String()
+	ln.Close()
+	code, _, errs := c.run("", "ls")
+	if code != 1 || !strings.Contains(errs, "no daemon answers at "+c.addr) || !strings.Contains(errs, "agentjail serve") {
+		t.Fatalf("ls without a daemon: exit %d, %q", code, errs)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -47,6 +48,11 @@ func exitStatus(err error, stderr io.Writer) int {
 	var ec exitCode
 	if errors.As(err, &ec) {
 		return int(ec)
+	}
+	var op *net.OpError
+	if errors.Is(err, syscall.ECONNREFUSED) && errors.As(err, &op) && op.Addr != nil {
+		fmt.Fprintf(stderr, "agentjail: no daemon answers at %s (connection refused): start one with `agentjail serve`, or give its address with --addr or $AGENTJAIL_ADDR\n", op.Addr)
+		return 1
 	}
 	fmt.Fprintf(stderr, "agentjail: %v\n", err)
 	var ue usageError
