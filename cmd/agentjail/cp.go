@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/agentjail/agentjail/client"
 	"github.com/agentjail/agentjail/internal/config"
@@ -38,11 +39,29 @@ copied into it. Symbolic links are copied as links, their targets as they are
 			if err != nil {
 				return err
 			}
-			cp := &copier{ctx: cmd.Context(), c: c, warn: cmd.ErrOrStderr()}
+			g, gctx := errgroup.WithContext(cmd.Context())
+			g.SetLimit(copyWorkers)
+			cp := &copier{ctx: gctx, c: c, warn: cmd.ErrOrStderr(), g: g}
 			if sjail {
-				return cp.fromJail(sref, spath, args[1])
+				err = cp.fromJail(sref, spath, args[1])
+			} else {
+				err = cp.toJail(args[0], dref, dpath)
 			}
-			return cp.toJail(args[0], dref, dpath)
+			// A failed transfer cancels the walk: its error is the cause.
+			if werr := g.Wait(); werr != nil {
+				err = werr
+			}
+			if err != nil {
+				return err
+			}
+			// Directory modes last (deepest first): a read-only directory
+			// would refuse the files copied into it.
+			for i := len(cp.dirModes) - 1; i >= 0; i-- {
+				if err := cp.dirModes[i](); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 	}
 }
@@ -58,11 +77,21 @@ func splitJailPath(s string) (ref, p string, ok bool) {
 	return ref, p, true
 }
 
-// copier copies trees between the host and one jail.
+// copyWorkers is how many files cp moves at once: each file is a request
+// of its own, so a tree of many small files is bound by round trips.
+const copyWorkers = 8
+
+// copier copies trees between the host and one jail. The walk (making
+// directories, reading them) runs on the caller's goroutine; files go to
+// g's workers.
 type copier struct {
 	ctx  context.Context
 	c    *client.Client
 	warn io.Writer
+	g    *errgroup.Group
+	// dirModes set the modes of the local directories a copy out of a jail
+	// made, once their contents are in.
+	dirModes []func() error
 }
 
 // parseMode converts the API's octal mode string to an os.FileMode.
@@ -127,25 +156,13 @@ func (cp *copier) pull(ref string, fi *client.FileInfo, dst string) error {
 				return err
 			}
 		}
-		return cp.chmod(dst, fi.Mode)
+		mode := fi.Mode
+		cp.dirModes = append(cp.dirModes, func() error { return cp.chmod(dst, mode) })
+		return nil
 	case "file":
-		_, rc, err := cp.c.ReadFile(cp.ctx, ref, fi.Path)
-		if err != nil {
-			return err
-		}
-		defer rc.Close()
-		f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(f, rc); err != nil {
-			f.Close()
-			return fmt.Errorf("copying %s:%s to %s: %w", ref, fi.Path, dst, err)
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
-		return cp.chmod(dst, fi.Mode)
+		p, mode := fi.Path, fi.Mode
+		cp.g.Go(func() error { return cp.pullFile(ref, p, mode, dst) })
+		return nil
 	case "symlink":
 		if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
@@ -155,6 +172,27 @@ func (cp *copier) pull(ref string, fi *client.FileInfo, dst string) error {
 		fmt.Fprintf(cp.warn, "agentjail: cp: skipping %s:%s (a %s)\n", ref, fi.Path, fi.Type)
 		return nil
 	}
+}
+
+// pullFile copies the jail's regular file p to dst, with mode.
+func (cp *copier) pullFile(ref, p, mode, dst string) error {
+	_, rc, err := cp.c.ReadFile(cp.ctx, ref, p)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, rc); err != nil {
+		f.Close()
+		return fmt.Errorf("copying %s:%s to %s: %w", ref, p, dst, err)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return cp.chmod(dst, mode)
 }
 
 func (cp *copier) chmod(dst, mode string) error {
@@ -203,26 +241,33 @@ func (cp *copier) push(src string, st os.FileInfo, ref, dst string) error {
 		}
 		return nil
 	case st.Mode().IsRegular():
-		f, err := os.Open(src)
-		if err != nil {
+		mode := apiMode(st.Mode())
+		cp.g.Go(func() error {
+			f, err := os.Open(src)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = cp.c.WriteFile(cp.ctx, ref, dst, f, client.WriteOptions{Mode: mode})
 			return err
-		}
-		defer f.Close()
-		_, err = cp.c.WriteFile(cp.ctx, ref, dst, f, client.WriteOptions{Mode: apiMode(st.Mode())})
-		return err
+		})
+		return nil
 	case st.Mode()&fs.ModeSymlink != 0:
 		target, err := os.Readlink(src)
 		if err != nil {
 			return err
 		}
-		_, err = cp.c.Symlink(cp.ctx, ref, dst, target, client.WriteOptions{})
-		if client.IsConflict(err) {
-			if err := cp.c.Remove(cp.ctx, ref, dst, false); err != nil {
-				return err
+		cp.g.Go(func() error {
+			_, err := cp.c.Symlink(cp.ctx, ref, dst, target, client.WriteOptions{})
+			if client.IsConflict(err) {
+				if err := cp.c.Remove(cp.ctx, ref, dst, false); err != nil {
+					return err
+				}
+				_, err = cp.c.Symlink(cp.ctx, ref, dst, target, client.WriteOptions{})
 			}
-			_, err = cp.c.Symlink(cp.ctx, ref, dst, target, client.WriteOptions{})
-		}
-		return err
+			return err
+		})
+		return nil
 	default:
 		fmt.Fprintf(cp.warn, "agentjail: cp: skipping %s (%s; only files, directories and symbolic links can be copied into a jail)\n", src, st.Mode().Type())
 		return nil
