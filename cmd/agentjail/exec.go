@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -112,19 +113,52 @@ func (f *execFlags) runExec(cmd *cobra.Command, c *client.Client, ref string, re
 		return err
 	}
 	defer cm.Close()
+	// The input goes until stdin ends, or the daemon refuses it: the
+	// command closed its stdin or exited (as in a shell pipeline, the rest
+	// is then dropped quietly), or it stopped reading. Output and the exit
+	// status come either way.
+	var stopOnce sync.Once
+	stopped := make(chan struct{})
+	stop := func() { stopOnce.Do(func() { close(stopped) }) }
 	go func() {
-		// Ends when stdin does, or when the connection does (the command
-		// exited): a write then fails.
-		if _, err := io.Copy(cm, cmd.InOrStdin()); err == nil {
-			_ = cm.CloseStdin(ctx)
+		in := cmd.InOrStdin()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := in.Read(buf)
+			select {
+			case <-stopped:
+				return
+			default:
+			}
+			if n > 0 {
+				if _, err := cm.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				_ = cm.CloseStdin(ctx)
+			}
+			if err != nil {
+				return
+			}
 		}
 	}()
+	warned := false
 	return printStream(cmd, func(fn func(string, []byte) error) (*client.ExecResult, error) {
 		for {
 			stream, data, err := cm.Next(ctx)
 			if errors.Is(err, io.EOF) {
 				ex, _ := cm.Exit()
 				return &client.ExecResult{ExitCode: ex.Code, Signal: ex.Signal, TimedOut: ex.TimedOut}, nil
+			}
+			var refused *client.APIError
+			if errors.As(err, &refused) {
+				stop()
+				if !warned && !strings.Contains(refused.Message, "broken pipe") {
+					fmt.Fprintf(cmd.ErrOrStderr(), "agentjail: %v; the rest of stdin is not sent\n", refused)
+				}
+				warned = true
+				continue
 			}
 			if err != nil {
 				return nil, err

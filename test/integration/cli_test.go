@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -101,6 +102,16 @@ func TestCLI(t *testing.T) {
 		out, errOut, code = d.cli(t, string(big), "exec", "-i", name, "sh", "-c", "sha256sum; exit 5")
 		if code != 5 || !strings.HasPrefix(out, hex.EncodeToString(sum[:])+" ") {
 			t.Errorf("exec -i of 9 MiB: exit %d, stdout %q, stderr %q; want exit 5 and digest %x", code, out, errOut, sum)
+		}
+		// A command that stops reading early ends the input quietly, as a
+		// shell pipeline does: its output and status are what count.
+		var lines strings.Builder
+		for i := 1; i <= 200000; i++ {
+			fmt.Fprintln(&lines, i)
+		}
+		out, errOut, code = d.cli(t, lines.String(), "exec", "-i", name, "sh", "-c", "head -1; exit 4")
+		if code != 4 || out != "1\n" || errOut != "" {
+			t.Errorf("exec -i into head -1: exit %d, stdout %q, stderr %q; want exit 4 and the first line", code, out, errOut)
 		}
 		t.Run("stream", func(t *testing.T) { cliInteractive(t, d, name) })
 		out, _, code = d.cli(t, "", "exec", "-u", "root", "-e", "X=1", "--cwd", "/tmp", name, "sh", "-c", "echo $(id -u) $X $(pwd)")
