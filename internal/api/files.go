@@ -197,7 +197,7 @@ func (s *server) putFile(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.Invalidf("request body: must be empty with type=symlink")
 		case opts.Mode != 0:
 			return errdefs.Invalidf("query parameter mode: a symbolic link has no mode of its own")
-		case target == "" || len(target) > initproto.MaxLinkTarget || strings.IndexByte(target, 0) >= 0:
+		case !initproto.ValidLinkTarget(target):
 			return errdefs.Invalidf("query parameter target: the link's target, 1 to %d bytes without NUL, is required with type=symlink", initproto.MaxLinkTarget)
 		}
 		info, err = s.svc.Symlink(r.Context(), id, p, target, opts)

@@ -9,7 +9,6 @@ import (
 	"path"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -452,7 +451,7 @@ func (s *Server) symlink(req *initproto.SymlinkRequest) (initproto.FileInfo, err
 	if err != nil {
 		return initproto.FileInfo{}, err
 	}
-	if req.Target == "" || len(req.Target) > initproto.MaxLinkTarget || strings.IndexByte(req.Target, 0) >= 0 {
+	if !initproto.ValidLinkTarget(req.Target) {
 		return initproto.FileInfo{}, newError(initproto.KindInvalid, p, "target: a symbolic link's target is 1 to %d bytes without NUL", initproto.MaxLinkTarget)
 	}
 	id, err := s.writeIdentity(req.User)
@@ -474,7 +473,7 @@ func (s *Server) symlink(req *initproto.SymlinkRequest) (initproto.FileInfo, err
 		unix.Unlinkat(dirfd, base, 0)
 		return initproto.FileInfo{}, pathError("symlink", p, err)
 	}
-	return s.stat(p)
+	return statAt(dirfd, base, p)
 }
 
 // reportAs names the requested path p in a blocked error found on one of

@@ -2,6 +2,7 @@ package initproto
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -309,6 +310,12 @@ type SymlinkRequest struct {
 // MaxLinkTarget bounds a symbolic link's target (the kernel's PATH_MAX,
 // less its terminating NUL).
 const MaxLinkTarget = 4095
+
+// ValidLinkTarget reports whether t may be a symbolic link's target: 1 to
+// MaxLinkTarget bytes without NUL.
+func ValidLinkTarget(t string) bool {
+	return t != "" && len(t) <= MaxLinkTarget && strings.IndexByte(t, 0) < 0
+}
 
 // RemoveRequest removes a path (MsgRemove).
 type RemoveRequest struct {

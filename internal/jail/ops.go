@@ -291,14 +291,14 @@ func (m *Manager) ReadFile(ctx context.Context, ref, p string) (*model.FileInfo,
 
 // WriteFile writes r to a file of a running jail, creating parents.
 func (m *Manager) WriteFile(ctx context.Context, ref, p string, r io.Reader, opts model.WriteOptions) (*model.FileInfo, error) {
-	return m.create(ctx, ref, p, opts.User, func(c *initclient.Client, user string) (initproto.FileInfo, error) {
+	return m.createPath(ctx, ref, p, opts.User, func(c *initclient.Client, user string) (initproto.FileInfo, error) {
 		return c.WriteFile(ctx, p, r, initproto.WriteOptions{Mode: opts.Mode, User: user, MkdirParents: true})
 	})
 }
 
 // Mkdir creates a directory (and its parents) in a running jail.
 func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts model.WriteOptions) (*model.FileInfo, error) {
-	return m.create(ctx, ref, p, opts.User, func(c *initclient.Client, user string) (initproto.FileInfo, error) {
+	return m.createPath(ctx, ref, p, opts.User, func(c *initclient.Client, user string) (initproto.FileInfo, error) {
 		return c.Mkdir(ctx, p, initproto.WriteOptions{Mode: opts.Mode, User: user, MkdirParents: true})
 	})
 }
@@ -306,15 +306,15 @@ func (m *Manager) Mkdir(ctx context.Context, ref, p string, opts model.WriteOpti
 // Symlink creates the symbolic link p → target in a running jail, owned
 // by opts.User (default: the jail's user); opts.Mode does not apply.
 func (m *Manager) Symlink(ctx context.Context, ref, p, target string, opts model.WriteOptions) (*model.FileInfo, error) {
-	return m.create(ctx, ref, p, opts.User, func(c *initclient.Client, user string) (initproto.FileInfo, error) {
+	return m.createPath(ctx, ref, p, opts.User, func(c *initclient.Client, user string) (initproto.FileInfo, error) {
 		return c.Symlink(ctx, p, target, user)
 	})
 }
 
-// create runs do, which creates path p of the running jail ref as the
+// createPath runs do, which creates path p of the running jail ref as the
 // jail user user resolves to (default: the jail's), and describes what it
 // made.
-func (m *Manager) create(ctx context.Context, ref, p, user string, do func(c *initclient.Client, user string) (initproto.FileInfo, error)) (*model.FileInfo, error) {
+func (m *Manager) createPath(ctx context.Context, ref, p, user string, do func(c *initclient.Client, user string) (initproto.FileInfo, error)) (*model.FileInfo, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
