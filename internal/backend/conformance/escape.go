@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -50,7 +51,14 @@ func (h *harness) escape(t *testing.T) {
 	marker := strconv.Itoa(6000 + int(nameSeq.Add(1)%1000))
 	h.sh(t, other.ID, "setsid -f sleep "+marker+" >/dev/null 2>&1 </dev/null")
 	otherPids := []int{other.Pid}
-	switch p := hostPidOf(t, "sleep\x00"+marker+"\x00"); {
+	// setsid -f returns before its child has executed sleep: look until
+	// it has, for a while.
+	p := hostPidOf(t, "sleep\x00"+marker+"\x00")
+	for deadline := time.Now().Add(10 * time.Second); p == 0 && has(h.caps.Observers, model.ObserverKernel) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		p = hostPidOf(t, "sleep\x00"+marker+"\x00")
+	}
+	switch {
 	case p > 0:
 		otherPids = append(otherPids, p)
 	case has(h.caps.Observers, model.ObserverKernel):
