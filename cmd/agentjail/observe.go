@@ -120,7 +120,7 @@ func printReport(w io.Writer, r *client.Report, top int) {
 	}
 	fmt.Fprintf(w, "```\n")
 	if d := r.FsDiff; d != nil {
-		fmt.Fprintf(w, "\n## Filesystem changes (%d added, %d modified, %d deleted)\n\n", d.Added, d.Changed, d.Deleted)
+		fmt.Fprintf(w, "\n## Filesystem changes (%s)\n\n", diffCounts(d))
 		for i, ch := range d.Changes {
 			if i == top {
 				fmt.Fprintf(w, "- … %d more\n", len(d.Changes)-top)
@@ -200,7 +200,13 @@ func newChangesCmd(g *globals) *cobra.Command {
 			for _, ch := range d.Changes {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", ch.Kind, ch.Path, ch.Type, humanBytes(uint64(ch.Size)), ch.Mode)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if d.Truncated {
+				fmt.Fprintf(cmd.ErrOrStderr(), "agentjail: %s\n", diffCounts(d))
+			}
+			return nil
 		},
 	}
 }

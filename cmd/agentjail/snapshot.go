@@ -184,7 +184,16 @@ func printDiff(w io.Writer, d *client.FsDiff) {
 			fmt.Fprint(w, ch.Diff)
 		}
 	}
-	fmt.Fprintf(w, "%d added, %d modified, %d deleted\n", d.Added, d.Changed, d.Deleted)
+	fmt.Fprintln(w, diffCounts(d))
+}
+
+// diffCounts sums a diff up in one line.
+func diffCounts(d *client.FsDiff) string {
+	s := fmt.Sprintf("%d added, %d modified, %d deleted", d.Added, d.Changed, d.Deleted)
+	if d.Truncated {
+		s += " (truncated: more paths changed than one diff examines; these are among the first read)"
+	}
+	return s
 }
 
 func newRmsnapCmd(g *globals) *cobra.Command {

@@ -60,6 +60,9 @@ type FsDiff struct {
 	Added   int      `json:"added"`
 	Changed int      `json:"modified"`
 	Deleted int      `json:"deleted"`
+	// Truncated is set when more paths changed than one diff examines
+	// (100 000): the changes and counts are those among the paths it read.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // SyscallStat is one syscall's total in a report.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -107,41 +108,104 @@ func isOpaque(dir string) bool {
 	return false
 }
 
+// maxDiffPaths bounds the paths one Diff examines (a variable for the
+// tests). A jail can make millions of files, and a diff holds every path it
+// examines (and each change it lists) until it answers; past this many the
+// diff is Truncated: it lists the changes among the paths read so far.
+var maxDiffPaths = 100_000
+
+// dirBatch is how many entries of a directory are read at a time, so that
+// a directory of millions of entries is never held whole.
+const dirBatch = 512
+
 // candidates collects the jail paths that may differ between trees whose
 // lower trees are the same: every path of either upper layer, and the
-// lower children of opaque upper directories.
-func candidates(trees []Tree, skip func(string) bool, into map[string]bool) error {
+// lower children of opaque upper directories. It stops at limit paths and
+// then reports true: into holds some of them.
+func candidates(ctx context.Context, trees []Tree, skip func(string) bool, into map[string]bool, limit int) (bool, error) {
+	// add takes path p in, unless the bound is reached.
+	add := func(p string) bool {
+		if !into[p] {
+			if len(into) >= limit {
+				return false
+			}
+			into[p] = true
+		}
+		return true
+	}
 	for _, t := range trees {
-		err := filepath.WalkDir(t.Upper, func(p string, d fs.DirEntry, err error) error {
+		// The directories still to read, by jail path.
+		stack := []string{"/"}
+		for len(stack) > 0 {
+			jp := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			host := filepath.Join(t.Upper, filepath.FromSlash(jp))
+			full, err := readDir(ctx, host, func(name string, dir bool) bool {
+				cp := path.Join(jp, name)
+				if skip != nil && skip(cp) {
+					return true
+				}
+				if !add(cp) {
+					return false
+				}
+				if dir {
+					stack = append(stack, cp)
+				}
+				return true
+			})
 			if err != nil {
-				return err
+				return false, fmt.Errorf("fs diff of %s: %w", t.Upper, err)
 			}
-			rel, _ := filepath.Rel(t.Upper, p)
-			if rel == "." {
-				return nil
+			if !full {
+				return true, nil
 			}
-			jp := "/" + filepath.ToSlash(rel)
-			if skip != nil && skip(jp) {
-				if d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
+			if jp == "/" || t.Lower == "" || !isOpaque(host) {
+				continue
 			}
-			into[jp] = true
-			if d.IsDir() && t.Lower != "" && isOpaque(p) {
-				if kids, err := os.ReadDir(filepath.Join(t.Lower, rel)); err == nil {
-					for _, k := range kids {
-						into[path.Join(jp, k.Name())] = true
-					}
-				}
+			full, err = readDir(ctx, filepath.Join(t.Lower, filepath.FromSlash(jp)), func(name string, _ bool) bool {
+				return add(path.Join(jp, name))
+			})
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return false, fmt.Errorf("fs diff of %s: %w", t.Lower, err)
 			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("fs diff of %s: %w", t.Upper, err)
+			if !full {
+				return true, nil
+			}
 		}
 	}
-	return nil
+	return false, nil
+}
+
+// readDir calls fn for each entry of directory dir (with whether it is a
+// directory, not following links), a batch at a time, until fn returns
+// false; it reports whether it read them all. A directory that is gone
+// (or is not one) has no entries.
+func readDir(ctx context.Context, dir string, fn func(name string, dir bool) bool) (bool, error) {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		ents, err := f.ReadDir(dirBatch)
+		for _, e := range ents {
+			if !fn(e.Name(), e.IsDir()) {
+				return false, nil
+			}
+		}
+		if err == io.EOF {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
 }
 
 // Diff lists what changed from tree a to tree b, sorted by path: entries
@@ -151,10 +215,13 @@ func candidates(trees []Tree, skip func(string) bool, into map[string]bool) erro
 // prunes (with what is below them). With text, modified, added and
 // deleted text files up to 1 MiB carry a unified diff, other regular files
 // a line saying they are binary or too large (see textDiff for the bounds).
+// At most maxDiffPaths paths are examined (see FsDiff.Truncated); ctx ends
+// the work early.
 func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*model.FsDiff, error) {
 	budget := &textBudget{left: maxTextOutput}
 	set := map[string]bool{}
-	if err := candidates([]Tree{a, b}, skip, set); err != nil {
+	truncated, err := candidates(ctx, []Tree{a, b}, skip, set, maxDiffPaths)
+	if err != nil {
 		return nil, err
 	}
 	paths := make([]string, 0, len(set))
@@ -162,8 +229,11 @@ func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*m
 		paths = append(paths, p)
 	}
 	sort.Strings(paths)
-	d := &model.FsDiff{Changes: []model.Change{}}
+	d := &model.FsDiff{Changes: []model.Change{}, Truncated: truncated}
 	for _, p := range paths {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		ea, inA := a.resolve(p)
 		eb, inB := b.resolve(p)
 		var c model.Change
@@ -171,7 +241,7 @@ func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*m
 		case !inA && !inB:
 			continue
 		case !inA:
-			c = describe(p, eb)
+			c = describe(ctx, p, eb)
 			c.Kind = Added
 			d.Added++
 			if text {
@@ -181,7 +251,7 @@ func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*m
 			if _, parentInB := b.resolve(path.Dir(p)); path.Dir(p) != "/" && !parentInB {
 				continue // the deleted parent directory says it
 			}
-			c = describe(p, ea)
+			c = describe(ctx, p, ea)
 			c.Kind = Deleted
 			d.Deleted++
 			if text {
@@ -191,7 +261,7 @@ func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*m
 			if ea.host == eb.host {
 				continue
 			}
-			oldC, newC := describe(p, ea), describe(p, eb)
+			oldC, newC := describe(ctx, p, ea), describe(ctx, p, eb)
 			if oldC.Type == newC.Type && oldC.Mode == newC.Mode && oldC.Size == newC.Size &&
 				oldC.SHA256 == newC.SHA256 && linkTarget(ea) == linkTarget(eb) {
 				continue
@@ -205,6 +275,9 @@ func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*m
 			}
 		}
 		d.Changes = append(d.Changes, c)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
@@ -223,12 +296,12 @@ func typeOf(st *unix.Stat_t) string {
 
 // describe fills a Change with the entry's type, size, mode and, for a
 // regular file, the sha256 of its content.
-func describe(p string, e *entry) model.Change {
+func describe(ctx context.Context, p string, e *entry) model.Change {
 	c := model.Change{Path: p, Type: typeOf(&e.st), Mode: fmt.Sprintf("%04o", e.st.Mode&07777)}
 	switch c.Type {
 	case "file":
 		c.Size = e.st.Size
-		c.SHA256, _ = hashFile(e.host)
+		c.SHA256, _ = hashFile(ctx, e.host)
 	case "symlink":
 		c.Size = e.st.Size
 	}
@@ -243,17 +316,30 @@ func linkTarget(e *entry) string {
 	return t
 }
 
-func hashFile(p string) (string, error) {
+func hashFile(ctx context.Context, p string) (string, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ctxReader reads r until ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // readText returns the content of a regular text file of at most

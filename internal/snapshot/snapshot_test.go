@@ -1,6 +1,9 @@
 package snapshot
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -69,5 +72,66 @@ func TestDiffOverlayRules(t *testing.T) {
 		if c.Path == "/etc/keep" && c.Diff == "" {
 			t.Errorf("no text diff for %s", c.Path)
 		}
+	}
+}
+
+// TestDiffBounded: a tree with more paths than a diff examines gives a
+// diff that says it is truncated and lists no more than the bound, however
+// the paths are spread (one wide directory, many small ones); under the
+// bound every change is listed; and a caller that goes away ends the work.
+func TestDiffBounded(t *testing.T) {
+	defer func(n int) { maxDiffPaths = n }(maxDiffPaths)
+	maxDiffPaths = 500
+	root := t.TempDir()
+	lower, empty := filepath.Join(root, "lower"), filepath.Join(root, "empty")
+	for _, d := range []string{lower, empty} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tree := func(name string, dirs, files int) Tree {
+		up := filepath.Join(root, name)
+		for i := range dirs {
+			for j := range files {
+				write(t, filepath.Join(up, fmt.Sprintf("d%d/f%d", i, j)), "x")
+			}
+		}
+		return Tree{Lower: lower, Upper: up}
+	}
+	base := Tree{Lower: lower, Upper: empty}
+	for _, c := range []struct {
+		name        string
+		dirs, files int
+		truncated   bool
+	}{
+		{"wide", 1, 2000, true},
+		{"deep", 200, 5, true},
+		{"under", 4, 124, false}, // 4 directories and 496 files: 500 paths
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d, err := Diff(t.Context(), base, tree(c.name, c.dirs, c.files), nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Truncated != c.truncated {
+				t.Fatalf("truncated %v, want %v (%d changes)", d.Truncated, c.truncated, len(d.Changes))
+			}
+			if len(d.Changes) > maxDiffPaths || d.Added != len(d.Changes) {
+				t.Fatalf("%d changes listed, %d added; the bound is %d", len(d.Changes), d.Added, maxDiffPaths)
+			}
+			if !c.truncated && len(d.Changes) != c.dirs*(c.files+1) {
+				t.Fatalf("%d changes listed, want %d", len(d.Changes), c.dirs*(c.files+1))
+			}
+			for _, ch := range d.Changes {
+				if ch.Kind != Added || (ch.Type == "file" && ch.SHA256 == "") {
+					t.Fatalf("change %+v", ch)
+				}
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := Diff(ctx, base, tree("gone", 2, 10), nil, false); !errors.Is(err, context.Canceled) {
+		t.Fatalf("diff for a caller that went away: %v", err)
 	}
 }

@@ -1,6 +1,12 @@
-// Renders a change of a diff answer: its unified diff line by line, or
-// what is known of a binary or unreadable file.
+// Renders a diff answer: its counts, and a change's unified diff line by
+// line, or what is known of a binary or unreadable file.
 import {h, bytes} from './util.js';
+
+// diffCounts sums a diff answer up in one line.
+export function diffCounts(d) {
+  const s = `${d.added} added, ${d.modified} modified, ${d.deleted} deleted`;
+  return d.truncated ? `${s} (truncated: more paths changed than one diff examines)` : s;
+}
 
 export function renderDiff(c) {
   if (!c.diff) {

@@ -7,7 +7,7 @@ import {h, fill, clear, bytes, age, clock, debounce, toast} from './util.js';
 import {jailActions, rootfsOf, netOf, agentOf} from './jails.js';
 import {Feed, renderRow, searchText, summary, types} from './events.js';
 import {VList} from './vlist.js';
-import {renderDiff} from './diff.js';
+import {renderDiff, diffCounts} from './diff.js';
 import * as terminal from './terminal.js';
 import {recordingList} from './recordings.js';
 
@@ -212,7 +212,7 @@ export function mount(el, id, tab) {
       text = null;
       try {
         const d = await api('GET', `/jails/${jail.id}/fs/diff`);
-        info.textContent = `${d.added} added, ${d.modified} modified, ${d.deleted} deleted`;
+        info.textContent = diffCounts(d);
         fill(tbody, ...d.changes.map(c => h('tr', {'data-path': c.path, class: c.path === selected ? 'selected' : '', onclick: () => open(c.path)},
           h('td', {class: 'kind ' + c.kind}, c.kind), h('td', {class: 'mono wrap'}, c.path + (c.type === 'dir' ? '/' : '')), h('td', {}, c.type === 'file' ? bytes(c.size) : c.type))));
         if (selected) open(selected);
@@ -279,7 +279,7 @@ export function mount(el, id, tab) {
             h('div', {}, h('h2', {}, 'Top syscalls'), table(['name', 'count', 'errors', 'time'], (r.syscalls || []).slice(0, 15).map(s => [s.name, s.count, s.errors, (s.total_ns / 1e6).toFixed(1) + ' ms']))),
             h('div', {}, h('h2', {}, 'Network'), table(['destination', 'conns', 'allowed', 'refused', 'out', 'in'], (r.network || []).slice(0, 15).map(n => [n.destination, n.connections, n.allowed, n.blocked, bytes(n.bytes_out), bytes(n.bytes_in)])))),
           h('h2', {}, 'Files'), table(['path', 'read', 'written', 'opens'], (r.files || []).slice(0, 25).map(f => [f.path, bytes(f.bytes_read), bytes(f.bytes_written), f.opens])),
-          r.fs_diff ? h('p', {}, `Filesystem: ${r.fs_diff.added} added, ${r.fs_diff.modified} modified, ${r.fs_diff.deleted} deleted`) : null,
+          r.fs_diff ? h('p', {}, `Filesystem: ${diffCounts(r.fs_diff)}`) : null,
           h('p', {class: 'muted'}, `${r.processes?.total ?? 0} processes recorded`));
       } catch (e) { fill(box, h('p', {class: 'error'}, e.message)); }
     }

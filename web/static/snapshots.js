@@ -2,7 +2,7 @@
 // or restored from those, and so on; any two nodes can be diffed.
 import {api, stream} from './api.js';
 import {h, fill, clear, age, toast} from './util.js';
-import {renderDiff} from './diff.js';
+import {renderDiff, diffCounts} from './diff.js';
 import {snapshotJail} from './jails.js';
 
 export function mount(el) {
@@ -75,7 +75,7 @@ export function mount(el) {
       const view = h('div', {});
       const rows = d.changes.map(c => h('tr', {'data-path': c.path, onclick: () => { fill(view, h('h2', {class: 'mono'}, c.path), renderDiff(c)); }},
         h('td', {class: 'kind ' + c.kind}, c.kind), h('td', {class: 'mono wrap'}, c.path)));
-      fill(diffBox, h('h2', {}, `${d.added} added, ${d.modified} modified, ${d.deleted} deleted`),
+      fill(diffBox, h('h2', {}, diffCounts(d)),
         h('div', {class: 'split'}, h('div', {}, h('table', {class: 'list-click', id: 'node-diff-rows'}, h('tbody', {}, rows))), view));
     } catch (e) { fill(diffBox, h('p', {class: 'error'}, e.message)); }
   }
