@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -55,8 +56,10 @@ type observation struct {
 	agg      *aggregate
 	cgroupID uint64
 	watching bool
-	// netCgroup is the cgroup directory the network tracer watches.
-	netCgroup string
+	// netCgroup is the cgroup directory the network tracer watches, and
+	// netCgroupID its id while it is watched (0 otherwise).
+	netCgroup   string
+	netCgroupID atomic.Uint64
 	// capture writes the jail's packets to a pcap file, when asked.
 	capture *netcap.Capture
 	// fan reports files closed after writing, to cross-check the record.
@@ -175,6 +178,9 @@ func (m *Manager) observeStart(e *entry, b backend.Backend, st backend.Status) (
 		if err := m.netTracer.WatchNet(o.netCgroup, observe.JailKey(j.ID), o); err != nil {
 			o.netCgroup = ""
 			return fmt.Errorf("network observation: %w", err)
+		}
+		if id, err := bpf.CgroupID(o.netCgroup); err == nil {
+			o.netCgroupID.Store(id)
 		}
 	}
 	if tr.Mode != config.TraceOff && ob.Root != "" {
@@ -325,6 +331,7 @@ func (m *Manager) stopObservation(jailID string, o *observation) {
 		o.watching = false
 	}
 	if o.netCgroup != "" {
+		o.netCgroupID.Store(0)
 		if err := m.netTracer.UnwatchNet(o.netCgroup); err != nil {
 			m.log.Error("unwatching jail network", "jail", jailID, "err", err)
 		}

@@ -10,19 +10,50 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentjail/agentjail/internal/backend"
 )
 
+// Bounds of the look-up of a socket's owner through /proc, which the
+// daemon makes only when the network tracer does not know the flow: a jail
+// may hold sockets and descriptors by the hundred thousand, and the look-up
+// runs for each connection that reaches the daemon.
+const (
+	// ownerTableLines bounds the lines of the jail's socket table read.
+	ownerTableLines = 8192
+	// ownerFds bounds the descriptors of the jail's processes examined.
+	ownerFds = 4096
+)
+
 // socketOwner finds the process of a jail that owns the socket bound to
-// src: the socket's inode from the jail's own /proc/net table (seen
-// through its init), then the jail's processes holding that inode. It
-// returns the pid as seen in the jail and the comm, or 0, "".
-func (m *Manager) socketOwner(jailID, proto string, src netip.AddrPort) (int, string) {
+// src, connected to (or sending to) dst: first in the network tracer's
+// flow table (one lookup), else the socket's inode from the jail's own
+// /proc/net table (seen through its init), then the jail's processes
+// holding that inode, within the bounds above. It returns the pid as seen
+// in the jail and the comm, or 0, "".
+func (m *Manager) socketOwner(jailID, proto string, src, dst netip.AddrPort) (int, string) {
 	m.mu.Lock()
 	e := m.jails[jailID]
 	m.mu.Unlock()
 	if e == nil {
 		return 0, ""
+	}
+	if dst.IsValid() && m.netTracer != nil {
+		e.mu.RLock()
+		o := e.obs
+		e.mu.RUnlock()
+		num := uint8(unix.IPPROTO_TCP)
+		if proto == "udp" {
+			num = unix.IPPROTO_UDP
+		}
+		if o != nil {
+			if id := o.netCgroupID.Load(); id != 0 {
+				if pid, comm, ok := m.netTracer.Owner(id, num, src, dst); ok {
+					return int(pid), comm
+				}
+			}
+		}
 	}
 	b, err := m.backendOf(e)
 	if err != nil {
@@ -45,16 +76,23 @@ func (m *Manager) socketOwner(jailID, proto string, src netip.AddrPort) (int, st
 	if err != nil {
 		return 0, ""
 	}
+	budget := ownerFds
 	for _, pid := range pids {
 		p := strconv.Itoa(pid)
-		fds, err := os.ReadDir("/proc/" + p + "/fd")
+		d, err := os.Open("/proc/" + p + "/fd")
 		if err != nil {
 			continue
 		}
-		for _, fd := range fds {
-			if l, err := os.Readlink("/proc/" + p + "/fd/" + fd.Name()); err == nil && l == target {
+		names, _ := d.Readdirnames(budget)
+		d.Close()
+		budget -= len(names)
+		for _, fd := range names {
+			if l, err := os.Readlink("/proc/" + p + "/fd/" + fd); err == nil && l == target {
 				return jailPid(p), readComm(p)
 			}
+		}
+		if budget <= 0 {
+			break
 		}
 	}
 	return 0, ""
@@ -74,7 +112,7 @@ func socketInode(initPid int, proto string, src netip.AddrPort) string {
 	defer f.Close()
 	want := procNetAddr(src)
 	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	for n := 0; n < ownerTableLines && sc.Scan(); n++ {
 		fields := strings.Fields(sc.Text())
 		// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
 		if len(fields) >= 10 && fields[1] == want {

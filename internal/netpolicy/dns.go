@@ -97,7 +97,7 @@ func (m *Manager) serveDNSStream(c net.Conn) {
 	if cc == nil {
 		return
 	}
-	defer c.Close()
+	defer cc.Close()
 	for {
 		c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		var l [2]byte

@@ -47,6 +47,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -102,10 +103,13 @@ type Options struct {
 	// connections (default: the system roots).
 	UpstreamRoots *x509.CertPool
 	// Owner, when set, names the process in the jail that owns the socket
-	// with local address src (proto "tcp" or "udp"): its pid as seen in
-	// the jail and its comm (0, "" when unknown). It is asked when a
-	// connection reaches the daemon and when a record has no owner yet.
-	Owner func(jailID, proto string, src netip.AddrPort) (pid int, comm string)
+	// with local address src (proto "tcp" or "udp") and remote address
+	// dst as the jail addressed it (before any redirection; not valid
+	// when unknown): its pid as seen in the jail and its comm (0, "" when
+	// unknown). It is asked when a connection reaches the daemon and when
+	// a record has no owner yet, so it must be cheap whatever the jail
+	// holds.
+	Owner func(jailID, proto string, src, dst netip.AddrPort) (pid int, comm string)
 	// Record receives every connection attempt, DNS answer and HTTP
 	// request, allowed or refused. It is called from many goroutines and
 	// must not block for long.
@@ -192,6 +196,8 @@ type jailState struct {
 	// manager's mu.
 	limited string
 	relief  *time.Timer
+	// conns counts the jail's connections the daemon holds open.
+	conns atomic.Int64
 	// learned are the addresses the daemon's DNS gave the jail, by
 	// address (bridge mode; see direct.go). Guarded by the manager's mu.
 	learned map[netip.Addr]learnedNames
@@ -240,6 +246,11 @@ type Manager struct {
 	hostMu    sync.Mutex
 	hostAddrs []netip.Prefix
 	hostAt    time.Time
+
+	// conns counts the connections of every jail the daemon's proxies
+	// and DNS hold open; maxConns bounds it (see conns.go).
+	conns    atomic.Int64
+	maxConns int64
 }
 
 func (o *Options) defaults() (netip.Prefix, error) {
@@ -288,7 +299,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	m := &Manager{
 		o: o, log: o.Log, subnet: subnet, daemon: subnet.Addr().Next(),
 		dummy: o.Prefix + "0", table: tableName(o.Prefix), ports: defaultPorts,
-		closing: make(chan struct{}), now: time.Now,
+		closing: make(chan struct{}), now: time.Now, maxConns: connBudget(),
 		jails: map[string]*jailState{}, byIP: map[netip.Addr]*jailState{}, installed: map[string]*jailObjs{},
 	}
 	h := fnv.New32a()

@@ -52,10 +52,19 @@ type connInfo struct {
 }
 
 // clientConn is a connection from a jail, with what the daemon knows of it.
+// It is counted against the jail's bound until it is closed.
 type clientConn struct {
 	net.Conn
-	info *connInfo
-	r    io.Reader // replays peeked bytes, then reads Conn
+	info    *connInfo
+	r       io.Reader // replays peeked bytes, then reads Conn
+	release sync.Once
+	m       *Manager
+}
+
+// Close closes the connection and uncounts it.
+func (c *clientConn) Close() error {
+	c.release.Do(func() { c.m.releaseConn(c.info.js) })
+	return c.Conn.Close()
 }
 
 func (c *clientConn) Read(p []byte) (int, error) { return c.r.Read(p) }
@@ -226,7 +235,9 @@ func unpaced(network, address string, c syscall.RawConn) error {
 }
 
 // clientOf wraps an accepted connection with the jail it comes from, or
-// closes it and returns nil when no attached jail has its address.
+// closes it and returns nil when no attached jail has its address, or the
+// jail or the daemon holds as many connections as it may (see conns.go).
+// The caller closes the clientConn it returns.
 func (m *Manager) clientOf(c net.Conn, via string) *clientConn {
 	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
 	var js *jailState
@@ -237,11 +248,27 @@ func (m *Manager) clientOf(c net.Conn, via string) *clientConn {
 		c.Close()
 		return nil
 	}
+	dst := addressed(c)
+	if why, ok := m.holdConn(js); !ok {
+		m.refuseConn(js, c, via, ap, dst, why)
+		return nil
+	}
 	info := &connInfo{js: js, via: via, src: ap.String()}
 	if m.o.Owner != nil {
-		info.pid, info.comm = m.o.Owner(js.id, "tcp", ap)
+		info.pid, info.comm = m.o.Owner(js.id, "tcp", ap, dst)
 	}
-	return &clientConn{Conn: c, r: c, info: info}
+	return &clientConn{Conn: c, r: c, info: info, m: m}
+}
+
+// addressed is the destination a jail's connection had in the jail: the
+// original one of a redirected connection, else the daemon's address it
+// reached (not valid when neither is known).
+func addressed(c net.Conn) netip.AddrPort {
+	if ap, err := originalDst(c); err == nil {
+		return ap
+	}
+	ap, _ := netip.ParseAddrPort(c.LocalAddr().String())
+	return ap
 }
 
 // originalDst returns the destination a redirected connection had.
@@ -278,7 +305,7 @@ func (m *Manager) serveTransparentHTTP(c net.Conn) {
 	orig, err := originalDst(c)
 	if err != nil {
 		m.log.Warn("transparent http: original destination", "err", err)
-		c.Close()
+		cc.Close()
 		return
 	}
 	cc.info.orig = orig
@@ -299,7 +326,7 @@ func (m *Manager) serveTransparentTLS(c net.Conn) {
 	orig, err := originalDst(c)
 	if err != nil {
 		m.log.Warn("transparent tls: original destination", "err", err)
-		c.Close()
+		cc.Close()
 		return
 	}
 	cc.info.orig = orig
@@ -861,14 +888,15 @@ func (m *Manager) serveConnect(w http.ResponseWriter, r *http.Request, ci *connI
 		b, _ := brw.Reader.Peek(n)
 		rd = io.MultiReader(bytes.NewReader(bytes.Clone(b)), cc.r)
 	}
-	tc := &clientConn{Conn: cc.Conn, r: rd, info: &connInfo{js: ci.js, via: ViaConnect, src: ci.src, pid: ci.pid, comm: ci.comm}}
+	// The HTTP server is done with the connection: it becomes the tunnel.
+	cc.r, cc.info = rd, &connInfo{js: ci.js, via: ViaConnect, src: ci.src, pid: ci.pid, comm: ci.comm}
 	host := strings.ToLower(strings.Trim(h, "[]"))
 	var addr netip.Addr
 	if a, err := netip.ParseAddr(host); err == nil {
 		addr, host = a, ""
 	}
-	m.tunnel(tc, host, addr, port, func(d Decision, verdict string, err error) error {
-		return writeConnectReply(tc.Conn, d, verdict, err)
+	m.tunnel(cc, host, addr, port, func(d Decision, verdict string, err error) error {
+		return writeConnectReply(cc.Conn, d, verdict, err)
 	})
 }
 

@@ -77,7 +77,14 @@ func (m *Manager) record(jailID string, ev ConnEvent) {
 			proto = "udp"
 		}
 		if src, err := netip.ParseAddrPort(ev.Src); err == nil && (proto == "tcp" || proto == "udp") {
-			ev.Pid, ev.Comm = m.o.Owner(jailID, proto, src)
+			// A record without an owner names the destination the jail
+			// addressed (the kernel's log of a direct connection, a
+			// refusal); DNS without one went to the daemon's resolver.
+			dst, _ := netip.ParseAddrPort(ev.Dst)
+			if ev.Dst == "" && ev.Proto == "dns" {
+				dst = netip.AddrPortFrom(m.daemon, 53)
+			}
+			ev.Pid, ev.Comm = m.o.Owner(jailID, proto, src, dst)
 		}
 	}
 	if m.o.Record != nil {

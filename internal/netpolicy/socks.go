@@ -37,7 +37,7 @@ func (m *Manager) serveSOCKS(c net.Conn) {
 	c.SetDeadline(time.Now().Add(30 * time.Second))
 	host, addr, port, err := socksHandshake(c)
 	if err != nil {
-		c.Close()
+		cc.Close()
 		return
 	}
 	c.SetDeadline(time.Time{})

@@ -226,6 +226,35 @@ func (t *NetTracer) WatchNet(cgroupPath string, jail observe.JailKey, sink obser
 	return nil
 }
 
+// Owner returns the process that owns the jail's end of a flow of the
+// cgroup with id cgroupID (a watched one; see CgroupID): proto is
+// unix.IPPROTO_TCP or unix.IPPROTO_UDP, local and remote the addresses as
+// the jail's socket sees them (before any redirection on the host). It
+// gives the process's pid in the jail and its comm; ok is false when the
+// table has no such flow, or no owner for it. It is one lookup in the
+// kernel's flow table, safe from any goroutine.
+func (t *NetTracer) Owner(cgroupID uint64, proto uint8, local, remote netip.AddrPort) (pid int32, comm string, ok bool) {
+	k := netobsFlowKey{Cgroup: cgroupID, Proto: proto, Lport: local.Port(), Rport: remote.Port()}
+	l, r := local.Addr().Unmap(), remote.Addr().Unmap()
+	switch {
+	case l.Is4() && r.Is4():
+		k.Family = 4
+		a, b := l.As4(), r.As4()
+		copy(k.Laddr[:], a[:])
+		copy(k.Raddr[:], b[:])
+	case l.Is6() && r.Is6():
+		k.Family = 6
+		k.Laddr, k.Raddr = l.As16(), r.As16()
+	default:
+		return 0, "", false
+	}
+	var v netobsFlowVal
+	if err := t.objs.Flows.Lookup(&k, &v); err != nil || v.Flags&flowOwner == 0 {
+		return 0, "", false
+	}
+	return nsOr(v.NsTgid, v.Tgid), commString(&v.Comm), true
+}
+
 // UnwatchNet stops accounting the cgroup at cgroupPath: the programs are
 // detached, the DNS messages already captured are delivered, every flow
 // still in the table gets its final record (netcap.OpClose when it had

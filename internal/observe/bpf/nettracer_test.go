@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -439,16 +440,39 @@ func TestNetUpdatesSumToTotals(t *testing.T) {
 	// The transfer stops half-way until an interim record of it is out,
 	// however fast the link is.
 	dst := serverAddr.String() + ":9000"
+	cgID, err := CgroupID(cg.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// While the connection is open, its owner is one lookup away (the
+	// daemon asks it of each connection a jail opens to it).
+	var ownerPid int32
+	var ownerComm string
 	in := runPausingHelper(t, cg, helperJob{Netns: n.jailNS, Send: 40_000_000, Recv: 40_000_000, Pause: true}, func() {
 		col.waitFor(t, "an interim record of the paused transfer", func(evs []observe.Event) bool {
 			for _, ev := range evs {
 				if ev.Type == observe.TypeNet && ev.Dst == dst && ev.Op == netcap.OpUpdate {
+					src, dst := netip.MustParseAddrPort(ev.Src), netip.MustParseAddrPort(ev.Dst)
+					var ok bool
+					if ownerPid, ownerComm, ok = nt.Owner(cgID, unix.IPPROTO_TCP, src, dst); !ok {
+						t.Errorf("no owner for the open flow %s → %s", src, dst)
+					}
+					if _, _, ok := nt.Owner(cgID, unix.IPPROTO_UDP, src, dst); ok {
+						t.Errorf("an owner for a UDP flow that is not there")
+					}
 					return true
 				}
 			}
 			return false
 		})
 	})
+	// The helper is this binary: its comm is the name, as the kernel
+	// keeps it (15 bytes).
+	comm := filepath.Base(os.Args[0])
+	comm = comm[:min(len(comm), 15)]
+	if ownerPid != int32(in.Pid) || ownerComm != comm {
+		t.Errorf("owner %d %q, want the helper %d %q", ownerPid, ownerComm, in.Pid, comm)
+	}
 	if err := nt.UnwatchNet(cg.path); err != nil {
 		t.Fatal(err)
 	}
