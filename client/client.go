@@ -458,7 +458,9 @@ func (c *Client) Stat(ctx context.Context, ref, p string) (*FileInfo, error) {
 	return &fi, nil
 }
 
-// ReadDir lists a directory in the jail.
+// ReadDir lists a directory in the jail, its entries sorted by name. A
+// directory with more entries than one listing gives (100 000) is an
+// error: a caller that walks a tree must not take part of one for all.
 func (c *Client) ReadDir(ctx context.Context, ref, p string) ([]FileInfo, error) {
 	u, err := fileURL(ref, p)
 	if err != nil {
@@ -472,11 +474,13 @@ func (c *Client) ReadDir(ctx context.Context, ref, p string) ([]FileInfo, error)
 	if !isJSON(resp) {
 		return nil, &APIError{Status: http.StatusBadRequest, Code: "invalid_argument", Message: p + ": not a directory"}
 	}
-	var l struct {
-		Entries []FileInfo `json:"entries"`
-	}
+	var l model.DirListing
 	if err := decodeJSON(resp, &l); err != nil {
 		return nil, err
+	}
+	if l.Truncated {
+		return nil, &APIError{Status: http.StatusRequestEntityTooLarge, Code: "too_large",
+			Message: fmt.Sprintf("%s: the directory has more entries than one listing gives (%d listed)", p, len(l.Entries))}
 	}
 	return l.Entries, nil
 }

@@ -17,10 +17,7 @@ import (
 )
 
 // DirListing is the body of GET /jails/{id}/files/{path} on a directory.
-type DirListing struct {
-	Path    string           `json:"path"`
-	Entries []model.FileInfo `json:"entries"`
-}
+type DirListing = model.DirListing
 
 // Headers of a file download.
 const (
@@ -116,14 +113,14 @@ func (s *server) getFile(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	if info.Type == "dir" {
-		entries, err := s.svc.ReadDir(ctx, id, p)
+		l, err := s.svc.ReadDir(ctx, id, p)
 		if err != nil {
 			return err
 		}
-		if entries == nil {
-			entries = []model.FileInfo{}
+		if l.Entries == nil {
+			l.Entries = []model.FileInfo{}
 		}
-		writeJSON(w, http.StatusOK, DirListing{Path: p, Entries: entries})
+		writeJSON(w, http.StatusOK, l)
 		return nil
 	}
 	info, rc, err := s.svc.ReadFile(ctx, id, p)

@@ -63,8 +63,9 @@ type Service interface {
 	// Stat describes the absolute jail path without following a final
 	// symlink.
 	Stat(ctx context.Context, ref, path string) (*model.FileInfo, error)
-	// ReadDir lists the directory at path (entries without "." and "..").
-	ReadDir(ctx context.Context, ref, path string) ([]model.FileInfo, error)
+	// ReadDir lists the directory at path (entries without "." and "..",
+	// sorted by name; at most 100 000 of them, see DirListing.Truncated).
+	ReadDir(ctx context.Context, ref, path string) (*model.DirListing, error)
 	// ReadFile opens the regular file at path; the caller closes the
 	// reader. The FileInfo describes the opened file.
 	ReadFile(ctx context.Context, ref, path string) (*model.FileInfo, io.ReadCloser, error)

@@ -104,10 +104,14 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	out := &filesystem.ListDirResponse{}
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
-		list, err := s.jails.ReadDir(ctx, jail, dir)
+		l, err := s.jails.ReadDir(ctx, jail, dir)
 		if err != nil {
 			return err
 		}
+		if l.Truncated {
+			return errdefs.New(errdefs.ErrTooLarge, "listing %s: %s has more than %d entries", p, dir, len(l.Entries))
+		}
+		list := l.Entries
 		for i := range list {
 			if len(out.Entries) >= maxListEntries {
 				return errdefs.New(errdefs.ErrTooLarge, "listing %s: more than %d entries", p, maxListEntries)

@@ -61,7 +61,7 @@ type Jails interface {
 	Exec(ctx context.Context, ref string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error)
 
 	Stat(ctx context.Context, ref, path string) (*model.FileInfo, error)
-	ReadDir(ctx context.Context, ref, path string) ([]model.FileInfo, error)
+	ReadDir(ctx context.Context, ref, path string) (*model.DirListing, error)
 	ReadFile(ctx context.Context, ref, path string) (*model.FileInfo, io.ReadCloser, error)
 	WriteFile(ctx context.Context, ref, path string, r io.Reader, opts model.WriteOptions) (*model.FileInfo, error)
 	Mkdir(ctx context.Context, ref, path string, opts model.WriteOptions) (*model.FileInfo, error)

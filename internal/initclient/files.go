@@ -2,9 +2,13 @@ package initclient
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 
+	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
 )
 
@@ -31,6 +35,57 @@ func (c *Client) ReadDir(ctx context.Context, path string) ([]initproto.FileInfo
 		return nil, err
 	}
 	return out, nil
+}
+
+// ListDir lists a directory's entries sorted by name, each with lstat
+// semantics: at most limit of them (1..initproto.MaxListDir); a directory
+// with more gives limit of them, those init read first, and truncated. A
+// path that is not a directory is ErrUnprocessable. An init that does not
+// know the request (a jail restored with an older binary) is asked with
+// ReadDir, whose answer must fit one frame.
+func (c *Client) ListDir(ctx context.Context, path string, limit int) (list []initproto.FileInfo, truncated bool, err error) {
+	if err := checkPath("path", path); err != nil {
+		return nil, false, err
+	}
+	cn, err := c.dial(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	defer cn.Close()
+	stop := guard(ctx, cn)
+	defer stop()
+	if err := initproto.WriteJSON(cn, initproto.MsgListDir, initproto.ListDirRequest{Path: path, Limit: limit}); err != nil {
+		return nil, false, ioError(ctx, cn, "list", err)
+	}
+	var ans initproto.ListDirAnswer
+	if err := readAnswer(ctx, cn, "list", &ans); err != nil {
+		if errors.Is(err, errdefs.ErrInvalid) && strings.Contains(err.Error(), "unknown request type") {
+			list, err := c.ReadDir(ctx, path)
+			return list, false, err
+		}
+		return nil, false, err
+	}
+	for {
+		t, payload, err := cn.read()
+		switch {
+		case err != nil:
+			return nil, false, ioError(ctx, cn, "list", err)
+		case t == initproto.MsgEOF:
+			return list, ans.Truncated, nil
+		case t == initproto.MsgError:
+			return nil, false, decodeError(payload)
+		case t != initproto.MsgData:
+			return nil, false, unexpected("list", t)
+		}
+		var chunk []initproto.FileInfo
+		if err := json.Unmarshal(payload, &chunk); err != nil {
+			return nil, false, fmt.Errorf("list: jail init sent a bad entry: %w", err)
+		}
+		if len(list)+len(chunk) > limit {
+			return nil, false, fmt.Errorf("list: jail init sent more than %d entries", limit)
+		}
+		list = append(list, chunk...)
+	}
 }
 
 // ReadFile opens a regular file (symlinks followed inside the jail) and

@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -577,5 +579,60 @@ func TestSymlinkCreate(t *testing.T) {
 	}
 	if got := mustRead(t, filepath.Join(e.root, "work/data.txt")); got != "inside" {
 		t.Errorf("the refused link changed the file: %q", got)
+	}
+}
+
+// TestListDirBounded: a directory too large for one frame is listed whole
+// (ReadDir's single answer cannot carry it), sorted; past the limit the
+// listing says it is truncated and holds the limit's worth, sorted; an
+// init that predates the request is asked the old way.
+func TestListDirBounded(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	dir := filepath.Join(e.root, "work/many")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30000 // about 6 MiB of entries, past initproto.MaxPayload
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("entry-with-a-long-name-%06d", n-i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.c.ReadDir(ctx, "/work/many"); err == nil {
+		t.Fatal("ReadDir of a directory past one frame succeeded; the test does not test ListDir's frames")
+	}
+	sorted := func(l []initproto.FileInfo) bool {
+		return slices.IsSortedFunc(l, func(a, b initproto.FileInfo) int { return strings.Compare(a.Name, b.Name) })
+	}
+	list, truncated, err := e.c.ListDir(ctx, "/work/many", 100000)
+	if err != nil || truncated || len(list) != n || !sorted(list) || list[0].Name != "entry-with-a-long-name-000001" || list[0].Path != "/work/many/entry-with-a-long-name-000001" {
+		t.Fatalf("whole listing: %d entries, truncated %v, sorted %v, %v", len(list), truncated, sorted(list), err)
+	}
+	list, truncated, err = e.c.ListDir(ctx, "/work/many", 1000)
+	if err != nil || !truncated || len(list) != 1000 || !sorted(list) {
+		t.Fatalf("bounded listing: %d entries, truncated %v, sorted %v, %v", len(list), truncated, sorted(list), err)
+	}
+	for _, limit := range []int{0, initproto.MaxListDir + 1} {
+		if _, _, err := e.c.ListDir(ctx, "/work/many", limit); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("limit %d: %v", limit, err)
+		}
+	}
+	if _, _, err := e.c.ListDir(ctx, "/work/many/entry-with-a-long-name-000001", 10); !errors.Is(err, errdefs.ErrUnprocessable) {
+		t.Fatalf("listing a file: %v", err)
+	}
+
+	sock := filepath.Join(e.dir, "old.sock")
+	asked := olderInit(t, sock, e.sock, initproto.MsgListDir)
+	old := initclient.New(initclient.UnixSocket(sock))
+	if err := os.MkdirAll(filepath.Join(e.root, "work/few"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.root, "work/few/a"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	list, truncated, err = old.ListDir(ctx, "/work/few", 10)
+	if err != nil || truncated || len(list) != 1 || list[0].Name != "a" || asked.Load() != 1 {
+		t.Fatalf("through an older init: %+v, truncated %v, %v (asked %d times)", list, truncated, err, asked.Load())
 	}
 }

@@ -293,6 +293,7 @@ func FuzzInitProtocol(f *testing.F) {
 	f.Add(byte(initproto.MsgPing), []byte(""), []byte{})
 	f.Add(byte(initproto.MsgStat), []byte(`{"path":"/work/out-rel/secret"}`), []byte{})
 	f.Add(byte(initproto.MsgReadDir), []byte(`{"path":"/work"}`), []byte{})
+	f.Add(byte(initproto.MsgListDir), []byte(`{"path":"/work","limit":2}`), []byte{})
 	f.Add(byte(initproto.MsgReadFile), []byte(`{"path":"/work/file"}`), []byte{})
 	f.Add(byte(initproto.MsgWriteFile), []byte(`{"path":"/work/new","mode":384,"mkdir_parents":true}`),
 		append(frame(initproto.MsgData, "abc"), frame(initproto.MsgEOF, "")...))

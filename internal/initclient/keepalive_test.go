@@ -124,7 +124,7 @@ func TestKeepAliveOlderInit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sock := filepath.Join(e.dir, "old.sock")
-	asked := olderInit(t, sock, e.sock)
+	asked := olderInit(t, sock, e.sock, initproto.MsgKeepAlive)
 	c := initclient.NewKeepAlive(initclient.UnixSocket(sock), 4)
 	defer c.Close()
 	for range 3 {
@@ -141,11 +141,11 @@ func TestKeepAliveOlderInit(t *testing.T) {
 	}
 }
 
-// olderInit serves sock as an init without keep-alive connections would:
-// a connection whose first frame asks for keep-alive gets init's answer to
-// an unknown request and is closed; any other is passed to the init at
-// target. It returns the count of keep-alive requests.
-func olderInit(t *testing.T, sock, target string) *atomic.Int64 {
+// olderInit serves sock as an init that predates requests of type unknown
+// would: a connection whose first frame is one gets init's answer to an
+// unknown request and is closed; any other is passed to the init at
+// target. It returns the count of such requests.
+func olderInit(t *testing.T, sock, target string, unknown initproto.MsgType) *atomic.Int64 {
 	t.Helper()
 	l, err := net.Listen("unix", sock)
 	if err != nil {
@@ -165,7 +165,7 @@ func olderInit(t *testing.T, sock, target string) *atomic.Int64 {
 				if err != nil {
 					return
 				}
-				if typ == initproto.MsgKeepAlive {
+				if typ == unknown {
 					asked.Add(1)
 					_ = initproto.WriteJSON(nc, initproto.MsgError, initproto.Error{Kind: initproto.KindInvalid, Message: "unknown request type " + typ.String()})
 					return

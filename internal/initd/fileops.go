@@ -3,6 +3,7 @@ package initd
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -41,6 +42,12 @@ func (s *Server) fileOp(c *conn, t initproto.MsgType, payload []byte) error {
 			return err
 		}
 		return c.sendJSON(initproto.MsgOK, infos)
+	case initproto.MsgListDir:
+		var req initproto.ListDirRequest
+		if err := decodeReq(t, payload, &req); err != nil {
+			return err
+		}
+		return s.listDir(c, req)
 	case initproto.MsgReadFile:
 		var req initproto.PathRequest
 		if err := decodeReq(t, payload, &req); err != nil {
@@ -185,25 +192,44 @@ func (s *Server) stat(p string) (initproto.FileInfo, error) {
 }
 
 // readDir lists a directory (following symlinks to it inside the root),
-// entries sorted by name, each with lstat semantics.
+// entries sorted by name, each with lstat semantics (MsgReadDir: the
+// answer is one frame, so a directory of tens of thousands of entries
+// does not fit; see listDir).
 func (s *Server) readDir(p string) ([]initproto.FileInfo, error) {
-	p, err := cleanPath("path", p)
+	p, f, err := s.openDir(p)
 	if err != nil {
 		return nil, err
 	}
-	fd, err := s.root.open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return nil, pathError("list", p, err)
-	}
-	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
-	if _, err := s.root.checkFd(fd, p); err != nil {
-		return nil, err
-	}
 	names, err := f.Readdirnames(-1)
 	if err != nil {
 		return nil, pathError("list", p, err)
 	}
+	return describeNames(int(f.Fd()), p, names), nil
+}
+
+// openDir opens directory p of the root (following symlinks inside it)
+// and returns its clean path.
+func (s *Server) openDir(p string) (string, *os.File, error) {
+	p, err := cleanPath("path", p)
+	if err != nil {
+		return "", nil, err
+	}
+	fd, err := s.root.open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return "", nil, pathError("list", p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	if _, err := s.root.checkFd(fd, p); err != nil {
+		f.Close()
+		return "", nil, err
+	}
+	return p, f, nil
+}
+
+// describeNames sorts the names of entries of directory fd (path p) and
+// describes each, leaving out those removed meanwhile.
+func describeNames(fd int, p string, names []string) []initproto.FileInfo {
 	sort.Strings(names)
 	out := make([]initproto.FileInfo, 0, len(names))
 	for _, n := range names {
@@ -213,7 +239,58 @@ func (s *Server) readDir(p string) ([]initproto.FileInfo, error) {
 		}
 		out = append(out, info)
 	}
-	return out, nil
+	return out
+}
+
+// listChunk is how many entries one Data frame of a listing carries: a
+// FileInfo is at most about 8.5 KiB of JSON (a path and a link target of
+// 4 KiB each), so a frame stays under MaxPayload.
+const listChunk = 256
+
+// listDir answers MsgListDir: it reads at most req.Limit names (one more
+// tells it that there are more), then sends OK with whether the listing is
+// truncated, the entries sorted by name in Data frames, and EOF. Init
+// holds the names it read and no more.
+func (s *Server) listDir(c *conn, req initproto.ListDirRequest) error {
+	if req.Limit < 1 || req.Limit > initproto.MaxListDir {
+		return newError(initproto.KindInvalid, "", "limit %d: must be 1..%d", req.Limit, initproto.MaxListDir)
+	}
+	p, f, err := s.openDir(req.Path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var names []string
+	for len(names) <= req.Limit {
+		batch, err := f.Readdirnames(min(req.Limit+1-len(names), 4096))
+		names = append(names, batch...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return pathError("list", p, err)
+		}
+	}
+	truncated := len(names) > req.Limit
+	if truncated {
+		names = names[:req.Limit]
+	}
+	infos := describeNames(int(f.Fd()), p, names)
+	if err := c.sendJSON(initproto.MsgOK, initproto.ListDirAnswer{Truncated: truncated}); err != nil {
+		return err
+	}
+	for len(infos) > 0 {
+		n := min(len(infos), listChunk)
+		b, err := json.Marshal(infos[:n])
+		if err != nil {
+			return err
+		}
+		if err := c.send(initproto.MsgData, b); err != nil {
+			return err
+		}
+		infos = infos[n:]
+	}
+	return c.send(initproto.MsgEOF, nil)
 }
 
 // readFile streams a regular file (following symlinks inside the root):

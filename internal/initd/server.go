@@ -661,7 +661,7 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 			return newError(initproto.KindInvalid, "", "%v", err)
 		}
 		return s.dialPort(c, req)
-	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgReadFile, initproto.MsgWriteFile,
+	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgListDir, initproto.MsgReadFile, initproto.MsgWriteFile,
 		initproto.MsgMkdir, initproto.MsgSymlink, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
 		return recorded(func() error { return s.fileOp(c, t, payload) })
 	}

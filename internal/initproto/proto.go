@@ -184,6 +184,9 @@ const (
 	MsgAccess    MsgType = 0x17 // AccessRequest; OK carries AccessResult
 	MsgDial      MsgType = 0x18 // DialRequest; OK carries DialAnswer, then the connection is the TCP stream
 	MsgSymlink   MsgType = 0x19 // SymlinkRequest; OK carries FileInfo
+	// MsgListDir lists a directory of any size: OK carries ListDirAnswer,
+	// then Data frames each carry a JSON array of FileInfo, then EOF.
+	MsgListDir MsgType = 0x1a // ListDirRequest
 )
 
 // Stream types sent by the client after a request.
@@ -235,7 +238,7 @@ func (t MsgType) String() string {
 var msgNames = map[MsgType]string{
 	MsgPing: "ping", MsgExec: "exec", MsgAttach: "attach", MsgSignal: "signal", MsgKill: "kill",
 	MsgList: "list", MsgSessions: "sessions", MsgShims: "shims", MsgInput: "input", MsgSetSize: "set-size", MsgWatch: "watch", MsgStat: "stat", MsgReadDir: "readdir", MsgReadFile: "readfile",
-	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgSymlink: "symlink", MsgRemove: "remove", MsgRename: "rename",
+	MsgWriteFile: "writefile", MsgMkdir: "mkdir", MsgSymlink: "symlink", MsgListDir: "listdir", MsgRemove: "remove", MsgRename: "rename",
 	MsgAccess: "access", MsgDial: "dial", MsgStdin: "stdin", MsgStdinClose: "stdin-close", MsgResize: "resize",
 	MsgPTYSignal: "pty-signal", MsgKeepAlive: "keep-alive", MsgRelease: "release",
 	MsgData: "data", MsgEOF: "eof", MsgOK: "ok", MsgError: "error", MsgStarted: "started",

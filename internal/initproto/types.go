@@ -267,6 +267,23 @@ type PathRequest struct {
 	Path string `json:"path"`
 }
 
+// ListDirRequest lists directory Path (MsgListDir): at most Limit entries
+// (1..MaxListDir), sorted by name. A directory with more gives Limit of
+// them, those it read first, and says so (ListDirAnswer.Truncated).
+type ListDirRequest struct {
+	Path  string `json:"path"`
+	Limit int    `json:"limit"`
+}
+
+// MaxListDir bounds ListDirRequest.Limit: what init holds of one listing.
+const MaxListDir = 1 << 20
+
+// ListDirAnswer starts the answer to MsgListDir; the entries follow.
+type ListDirAnswer struct {
+	// Truncated: the directory has more entries than the request's Limit.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
 // WriteOptions controls WriteFile and Mkdir.
 type WriteOptions struct {
 	// Mode is the permission bits of a created file or directory (default

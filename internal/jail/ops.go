@@ -252,8 +252,14 @@ func (m *Manager) Stat(ctx context.Context, ref, p string) (*model.FileInfo, err
 	return &out, nil
 }
 
-// ReadDir lists a directory of a running jail.
-func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]model.FileInfo, error) {
+// maxDirEntries bounds the entries of one directory listing: the daemon
+// holds them all until it answers, and a jail can make a directory of
+// millions.
+const maxDirEntries = 100_000
+
+// ReadDir lists a directory of a running jail: at most maxDirEntries
+// entries, sorted by name (Truncated when there are more).
+func (m *Manager) ReadDir(ctx context.Context, ref, p string) (*model.DirListing, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
@@ -261,13 +267,13 @@ func (m *Manager) ReadDir(ctx context.Context, ref, p string) ([]model.FileInfo,
 	if err != nil {
 		return nil, err
 	}
-	list, err := c.ReadDir(ctx, p)
+	list, truncated, err := c.ListDir(ctx, p, maxDirEntries)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]model.FileInfo, len(list))
+	out := &model.DirListing{Path: p, Entries: make([]model.FileInfo, len(list)), Truncated: truncated}
 	for i, fi := range list {
-		out[i] = fileInfo(fi)
+		out.Entries[i] = fileInfo(fi)
 	}
 	return out, nil
 }

@@ -121,6 +121,15 @@ type FileInfo struct {
 	LinkTarget string    `json:"link_target,omitempty"`
 }
 
+// DirListing is a directory of a jail: its entries sorted by name.
+type DirListing struct {
+	Path    string     `json:"path"`
+	Entries []FileInfo `json:"entries"`
+	// Truncated is set when the directory has more entries than one
+	// listing gives (100 000): Entries are some of them.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
 // WriteOptions controls a file write.
 type WriteOptions struct {
 	// Mode of a created file (default 0644).

@@ -282,7 +282,7 @@ func (s *Service) Stat(_ context.Context, ref, p string) (*model.FileInfo, error
 }
 
 // ReadDir lists a directory, sorted by name.
-func (s *Service) ReadDir(_ context.Context, ref, p string) ([]model.FileInfo, error) {
+func (s *Service) ReadDir(_ context.Context, ref, p string) (*model.DirListing, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fj, err := s.running(ref)
@@ -300,7 +300,7 @@ func (s *Service) ReadDir(_ context.Context, ref, p string) ([]model.FileInfo, e
 		}
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
-	return out, nil
+	return &model.DirListing{Path: p, Entries: out}, nil
 }
 
 // ReadFile opens a regular file.
