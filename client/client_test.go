@@ -3,10 +3,12 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +179,38 @@ func TestNonJSONError(t *testing.T) {
 	var ae *APIError
 	if !errors.As(err, &ae) || ae.Status != 502 || !strings.Contains(ae.Message, "upstream broke") {
 		t.Fatalf("err %#v", err)
+	}
+}
+
+// TestExecStreamLines: the output events a daemon writes are read without
+// a JSON decoder, and any other spelling of the same event (escapes, keys
+// in another order, as another encoder may write them) the same through
+// one.
+func TestExecStreamLines(t *testing.T) {
+	raw := []byte("\x00\xff?>~ binary \xfe")
+	b64 := base64.StdEncoding.EncodeToString(raw) // holds '/' and '+'
+	lines := strings.Join([]string{
+		`{"type":"stdout","data":"` + b64 + `"}`,
+		`{"type":"stderr","data":"` + strings.ReplaceAll(b64, "/", `\/`) + `"}`,
+		`{"data":"` + b64 + `","type":"stdout"}`,
+		`{"type":"stdout","data":""}`,
+		`{"type":"exit","exit_code":3}`,
+	}, "\n") + "\n"
+	if !strings.Contains(b64, "/") {
+		t.Fatalf("%q holds no '/': the escaped line tests nothing", b64)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, lines)
+	}))
+	defer srv.Close()
+	var got []string
+	res, err := New(strings.TrimPrefix(srv.URL, "http://"), "t").ExecStream(context.Background(), "j", ExecRequest{Cmd: []string{"x"}}, func(stream string, data []byte) error {
+		got = append(got, stream+":"+string(data))
+		return nil
+	})
+	want := []string{"stdout:" + string(raw), "stderr:" + string(raw), "stdout:" + string(raw), "stdout:"}
+	if err != nil || res.ExitCode != 3 || !slices.Equal(got, want) {
+		t.Fatalf("events %q, result %+v, %v; want %q", got, res, err, want)
 	}
 }

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -133,12 +132,7 @@ func (s *server) runAgent(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.Unprocessablef("encoding: %q (expected %q or %q)", req.Encoding, EncodingUTF8, EncodingBase64)
 	}
 	nw := &ndjsonWriter{w: w, rc: http.NewResponseController(w)}
-	out := func(stream string, data []byte) error {
-		if stream != EventStdout && stream != EventStderr {
-			return fmt.Errorf("agent run: output on unknown stream %q", stream)
-		}
-		return nw.write(StreamEvent{Type: stream, Data: encodeOutput(req.Encoding, string(data))})
-	}
+	out := nw.output(req.Encoding, "agent run")
 	res, err := a.Run(r.Context(), r.PathValue("id"), req, out)
 	if err != nil {
 		if r.Context().Err() != nil {

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/jsonstr"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -100,7 +101,36 @@ func (n *ndjsonWriter) write(ev any) error {
 	if err != nil {
 		return err
 	}
-	line = append(line, '\n')
+	return n.writeLine(append(line, '\n'))
+}
+
+// output returns the ExecOutput that writes each chunk as a stdout or
+// stderr event with its data in encoding enc; what names the stream in
+// errors. The lines are built by hand: output is most of a stream, and
+// encoding/json escapes a large string at about a seventh of the speed.
+func (n *ndjsonWriter) output(enc, what string) model.ExecOutput {
+	return func(stream string, data []byte) error {
+		if stream != EventStdout && stream != EventStderr {
+			return fmt.Errorf("%s: output on unknown stream %q", what, stream)
+		}
+		line := make([]byte, 0, len(data)*4/3+64)
+		line = append(line, `{"type":"`...)
+		line = append(line, stream...)
+		line = append(line, `","data":`...)
+		if enc == EncodingBase64 {
+			line = append(line, '"')
+			line = base64.StdEncoding.AppendEncode(line, data)
+			line = append(line, '"')
+		} else {
+			line = jsonstr.Append(line, data)
+		}
+		return n.writeLine(append(line, "}\n"...))
+	}
+}
+
+// writeLine writes one line, the response header first if it is not out
+// yet, and flushes it.
+func (n *ndjsonWriter) writeLine(line []byte) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.started {
@@ -129,13 +159,7 @@ func (s *server) execStream(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	nw := &ndjsonWriter{w: w, rc: http.NewResponseController(w)}
-	out := func(stream string, data []byte) error {
-		if stream != EventStdout && stream != EventStderr {
-			return fmt.Errorf("exec stream: output on unknown stream %q", stream)
-		}
-		return nw.write(StreamEvent{Type: stream, Data: encodeOutput(req.Encoding, string(data))})
-	}
-	res, err := s.svc.Exec(r.Context(), r.PathValue("id"), req, out)
+	res, err := s.svc.Exec(r.Context(), r.PathValue("id"), req, nw.output(req.Encoding, "exec stream"))
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away; the command was cancelled with it.

@@ -408,13 +408,21 @@ func TestExecBuffered(t *testing.T) {
 	wantError(t, h.do("POST", "/jails/ex/exec", strings.NewReader(`{"cmd":["cat"],"encoding":"latin1"}`), nil), 422, "unprocessable")
 }
 
-func TestExecStream(t *testing.T) {
+// streamServer serves the API over HTTP (streams need a real connection)
+// with one jail, name.
+func streamServer(t *testing.T, name string) (*apitest.Service, *httptest.Server) {
+	t.Helper()
 	svc := apitest.New()
 	srv := httptest.NewServer(NewServer(svc, testToken, nil))
-	defer srv.Close()
-	if _, err := svc.Create(context.Background(), model.CreateRequest{Name: "st"}); err != nil {
+	t.Cleanup(srv.Close)
+	if _, err := svc.Create(context.Background(), model.CreateRequest{Name: name}); err != nil {
 		t.Fatal(err)
 	}
+	return svc, srv
+}
+
+func TestExecStream(t *testing.T) {
+	svc, srv := streamServer(t, "st")
 	release := make(chan struct{})
 	cancelled := make(chan error, 1)
 	svc.ExecHook = func(ctx context.Context, _ string, req model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error) {
@@ -636,6 +644,52 @@ func TestRouteTable(t *testing.T) {
 		w := h.do(rt.method, target, strings.NewReader(`{"cmd":["echo"]}`), nil)
 		if w.Code == 405 || (w.Code == 404 && strings.Contains(w.Body.String(), "no route")) {
 			t.Errorf("%s %s: %d %s", rt.method, target, w.Code, w.Body)
+		}
+	}
+}
+
+// TestExecStreamEncodings: an output event is JSON whatever the output
+// holds: with utf8, quotes, backslashes, control characters and bytes
+// that are not UTF-8 (as U+FFFD) come back as written; with base64, every
+// byte does.
+func TestExecStreamEncodings(t *testing.T) {
+	svc, srv := streamServer(t, "enc")
+	raw := "say \"hi\" \\ there\n\x01\t\xff<&> é"
+	svc.ExecHook = func(_ context.Context, _ string, _ model.ExecRequest, out model.ExecOutput) (*model.ExecResult, error) {
+		if err := out("stdout", []byte(raw)); err != nil {
+			return nil, err
+		}
+		return &model.ExecResult{}, out("stderr", nil)
+	}
+	for enc, want := range map[string]string{"utf8": strings.ToValidUTF8(raw, "\ufffd"), "base64": raw} {
+		req, _ := http.NewRequest("POST", srv.URL+"/jails/enc/exec/stream", strings.NewReader(`{"cmd":["x"],"encoding":"`+enc+`"}`))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("%s: %d lines: %s", enc, len(lines), body)
+		}
+		var evs [2]StreamEvent
+		for i := range evs {
+			if err := json.Unmarshal([]byte(lines[i]), &evs[i]); err != nil {
+				t.Fatalf("%s: line %q: %v", enc, lines[i], err)
+			}
+		}
+		got := evs[0].Data
+		if enc == "base64" {
+			b, err := base64.StdEncoding.DecodeString(got)
+			if err != nil {
+				t.Fatalf("base64: %v", err)
+			}
+			got = string(b)
+		}
+		if evs[0].Type != "stdout" || got != want || evs[1].Type != "stderr" || evs[1].Data != "" {
+			t.Errorf("%s: events %+v, want stdout %q and an empty stderr", enc, evs, want)
 		}
 	}
 }
