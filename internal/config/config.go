@@ -219,12 +219,22 @@ type NetworkLimits struct {
 	// (0: DefaultDNSQueriesPerSecond; 1 to MaxDNSQueriesPerSecond); the
 	// rest are dropped and counted.
 	DNSQueriesPerSecond int `json:"dns_queries_per_second,omitempty"`
+	// Connections caps the jail's connections to the daemon's proxies
+	// and DNS open at once (0: DefaultConnections; 1 to MaxConnections);
+	// one past it is reset and recorded.
+	Connections int `json:"connections,omitempty"`
 }
 
 // The DNS rate limit of a jail, per second.
 const (
 	DefaultDNSQueriesPerSecond = 100
 	MaxDNSQueriesPerSecond     = 10000
+)
+
+// The bound of a jail's connections to the daemon open at once.
+const (
+	DefaultConnections = 1024
+	MaxConnections     = 16384
 )
 
 // Credential is a header added by the proxy to requests to Host. Its

@@ -60,6 +60,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"isolation.resources.memory_swap_bytes", func(c *Config) { c.Isolation.Resources.MemorySwapBytes = MiB }},
 		{"isolation.level", func(c *Config) { c.Isolation.Level = LevelVM }},
 		{"isolation.network.mode", func(c *Config) { c.Isolation.Network.Mode = NetHost }},
+		{"isolation.network.limits.connections", func(c *Config) {
+			c.Isolation.Network.Limits = &NetworkLimits{Connections: MaxConnections + 1}
+		}},
 		{"isolation.network.allowed_egress[0].ports[0]", func(c *Config) {
 			c.Isolation.Network.AllowedEgress = []EgressRule{{Destination: "example.com", Ports: []int{70000}}}
 		}},

@@ -188,6 +188,10 @@ func (n *Network) validate(h Host) error {
 		return errdefs.Unprocessablef(p+"limits.dns_queries_per_second: %d is not between 0 (the default, %d) and %d",
 			l.DNSQueriesPerSecond, DefaultDNSQueriesPerSecond, MaxDNSQueriesPerSecond)
 	}
+	if l := n.Limits; l != nil && (l.Connections < 0 || l.Connections > MaxConnections) {
+		return errdefs.Unprocessablef(p+"limits.connections: %d is not between 0 (the default, %d) and %d",
+			l.Connections, DefaultConnections, MaxConnections)
+	}
 	for i, c := range n.Credentials {
 		field := fmt.Sprintf(p+"credentials[%d]", i)
 		if _, err := NormalizeHost(c.Host); err != nil {

@@ -1,26 +1,26 @@
 package netpolicy
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentjail/agentjail/internal/config"
 )
 
 // Every connection a jail opens to the daemon's proxies or DNS holds a
 // descriptor, a goroutine and buffers in the daemon (two descriptors once
 // it is carried upstream). A jail could open them by the hundred thousand
 // and leave them idle, until the daemon had no descriptor left for its API
-// or its files. So a jail holds at most maxJailConns at once, and all jails
+// or its files. So a jail holds at most its policy's Connections at once
+// (config.DefaultConnections: clients open tens at once, a browser or a
+// package manager, and a thousand is far past any of them), and all jails
 // together at most the manager's maxConns; a connection past either is
 // reset as soon as it is accepted, and recorded as refused with rule
 // connRule.
-
-// maxJailConns bounds the connections one jail holds open to the daemon (a
-// variable for the tests). Clients open tens at once (a browser, a package
-// manager); a thousand is far past any of them.
-var maxJailConns int64 = 1024
 
 // connRule is the rule of a connection refused over a bound.
 const connRule = "limit:connections"
@@ -38,9 +38,10 @@ func connBudget() int64 {
 // holdConn counts a new connection of js; it reports false, counting
 // nothing, when js or the daemon is at its bound, with why.
 func (m *Manager) holdConn(js *jailState) (string, bool) {
-	if n := js.conns.Add(1); n > maxJailConns {
+	bound := int64(cmp.Or(js.pol().src.Connections, config.DefaultConnections))
+	if n := js.conns.Add(1); n > bound {
 		js.conns.Add(-1)
-		return fmt.Sprintf("the jail has %d connections to the daemon open at once, the most it may", maxJailConns), false
+		return fmt.Sprintf("the jail has %d connections to the daemon open at once, the most its policy allows (limits.connections)", bound), false
 	}
 	if n := m.conns.Add(1); n > m.maxConns {
 		m.conns.Add(-1)

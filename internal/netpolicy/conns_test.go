@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentjail/agentjail/internal/config"
 )
 
 // pyHold opens one connection to the daemon on each port of argv[2]
@@ -36,23 +38,32 @@ else:
     print("after a close: refused")
 `
 
-// TestConnectionBound: a jail holds at most maxJailConns connections to
-// the daemon's proxies and DNS at once; one more is reset and recorded as
-// refused; a closed one is uncounted (whichever way it ended: a tunnel, a
-// proxied request, a connection the proxy could not serve), so the jail
-// gets it back, and nothing stays counted once the jail's connections end.
+// TestConnectionBound: a jail holds at most its policy's limits.connections
+// connections to the daemon's proxies and DNS at once; one more is reset
+// and recorded as refused; a closed one is uncounted (whichever way it
+// ended: a tunnel, a proxied request, a connection the proxy could not
+// serve), so the jail gets it back, and nothing stays counted once the
+// jail's connections end.
 func TestConnectionBound(t *testing.T) {
 	e := setup(t)
-	defer func(n int64) { maxJailConns = n }(maxJailConns)
-	maxJailConns = 4
-	j := attach(t, e.m, "conns", ModeIsolated, basePolicy())
+	p := basePolicy()
+	p.Connections = 4
+	if _, err := compile(p); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{-1, config.MaxConnections + 1} {
+		if _, err := compile(Policy{Connections: n}); err == nil {
+			t.Fatalf("limits.connections %d accepted", n)
+		}
+	}
+	j := attach(t, e.m, "conns", ModeIsolated, p)
 	e.m.mu.Lock()
 	js := e.m.jails[j.id]
 	e.m.mu.Unlock()
-	p := e.m.ports
+	ports := e.m.ports
 	daemon := e.m.daemon.String()
 
-	out, _ := j.exec(t, nil, python, "-c", pyHold, daemon, fmt.Sprintf("%d,%d,%d,%d,%d", p.SOCKS, p.Proxy, p.DNS, p.SOCKS, p.Proxy))
+	out, _ := j.exec(t, nil, python, "-c", pyHold, daemon, fmt.Sprintf("%d,%d,%d,%d,%d", ports.SOCKS, ports.Proxy, ports.DNS, ports.SOCKS, ports.Proxy))
 	out = strings.TrimSpace(out)
 	want := "open open open open reset\nafter a close: open"
 	if out != want {
@@ -71,7 +82,7 @@ func TestConnectionBound(t *testing.T) {
 	if s, c := j.curl(t, map[string]string{"https_proxy": px["https_proxy"]}, "--cacert", e.ca.pemFile, "https://allowed.test/"); s != "200" {
 		t.Fatalf("CONNECT: %s (exit %d)", s, c)
 	}
-	j.connect(t, daemon, p.HTTP, true)
+	j.connect(t, daemon, ports.HTTP, true)
 	deadline := time.Now().Add(10 * time.Second)
 	for js.conns.Load() != 0 || e.m.conns.Load() != 0 {
 		if time.Now().After(deadline) {

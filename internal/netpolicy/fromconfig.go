@@ -39,7 +39,7 @@ func FromConfig(name string, n config.Network) Policy {
 	}
 	if l := n.Limits; l != nil {
 		p.RequestsPerMinute, p.BytesPerHour = l.RequestsPerMinute, l.BytesPerHour
-		p.DNSQueriesPerSecond = l.DNSQueriesPerSecond
+		p.DNSQueriesPerSecond, p.Connections = l.DNSQueriesPerSecond, l.Connections
 	}
 	for _, c := range n.Credentials {
 		p.Credentials = append(p.Credentials, Credential{Host: c.Host, Header: c.Header, Value: c.Value, Secret: c.Secret})

@@ -53,6 +53,10 @@ type Policy struct {
 	// config.MaxDNSQueriesPerSecond);
 	// queries over it are dropped and counted.
 	DNSQueriesPerSecond int `json:"dns_queries_per_second,omitempty"`
+	// Connections caps the jail's connections to the daemon's proxies and
+	// DNS open at once (0: config.DefaultConnections; at most
+	// config.MaxConnections); one past it is reset and recorded.
+	Connections int `json:"connections,omitempty"`
 	// TLSInspection makes the proxy terminate TLS with a certificate of the
 	// daemon's CA, so HTTPS requests are recorded with method, path and
 	// status (the jail must trust the CA; Attachment says how).
@@ -244,6 +248,10 @@ func compile(p Policy) (*compiledPolicy, error) {
 	if p.DNSQueriesPerSecond < 0 || p.DNSQueriesPerSecond > config.MaxDNSQueriesPerSecond {
 		return nil, errdefs.Invalidf("limits.dns_queries_per_second: %d is not between 0 (the default, %d) and %d",
 			p.DNSQueriesPerSecond, config.DefaultDNSQueriesPerSecond, config.MaxDNSQueriesPerSecond)
+	}
+	if p.Connections < 0 || p.Connections > config.MaxConnections {
+		return nil, errdefs.Invalidf("limits.connections: %d is not between 0 (the default, %d) and %d",
+			p.Connections, config.DefaultConnections, config.MaxConnections)
 	}
 	for i, c := range p.Credentials {
 		if _, err := config.NormalizeHost(strings.TrimPrefix(c.Host, "*.")); err != nil {
