@@ -440,8 +440,8 @@ func readExecStream(resp *http.Response, fn func(stream string, data []byte) err
 // fraction of the speed); ok is false for any other line, which is then
 // decoded as JSON.
 func outputEvent(line []byte) (stream string, b64 []byte, ok bool) {
-	for _, stream := range []string{"stdout", "stderr"} {
-		rest, found := bytes.CutPrefix(line, []byte(`{"type":"`+stream+`","data":"`))
+	for _, o := range outputPrefixes {
+		rest, found := bytes.CutPrefix(line, o.prefix)
 		if !found {
 			continue
 		}
@@ -449,9 +449,18 @@ func outputEvent(line []byte) (stream string, b64 []byte, ok bool) {
 		if !found || bytes.IndexByte(rest, '\\') >= 0 || bytes.IndexByte(rest, '"') >= 0 {
 			return "", nil, false
 		}
-		return stream, rest, true
+		return o.stream, rest, true
 	}
 	return "", nil, false
+}
+
+// outputPrefixes are the starts of the daemon's output events, by stream.
+var outputPrefixes = []struct {
+	stream string
+	prefix []byte
+}{
+	{"stdout", []byte(`{"type":"stdout","data":"`)},
+	{"stderr", []byte(`{"type":"stderr","data":"`)},
 }
 
 // codeStatus is the daemon's mapping of error codes to statuses, for

@@ -165,7 +165,7 @@ func candidates(ctx context.Context, trees []Tree, skip func(string) bool, into 
 			full, err = readDir(ctx, filepath.Join(t.Lower, filepath.FromSlash(jp)), func(name string, _ bool) bool {
 				return add(path.Join(jp, name))
 			})
-			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err != nil {
 				return false, fmt.Errorf("fs diff of %s: %w", t.Lower, err)
 			}
 			if !full {
@@ -178,11 +178,12 @@ func candidates(ctx context.Context, trees []Tree, skip func(string) bool, into 
 
 // readDir calls fn for each entry of directory dir (with whether it is a
 // directory, not following links), a batch at a time, until fn returns
-// false; it reports whether it read them all. A directory that is gone
-// (or is not one) has no entries.
+// false; it reports whether it read them all. A directory that is gone,
+// or is not one (a jail may have put a file or a link in its place since
+// it was seen; a link is not followed), has no entries.
 func readDir(ctx context.Context, dir string, fn func(name string, dir bool) bool) (bool, error) {
-	f, err := os.Open(dir)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
 		return true, nil
 	}
 	if err != nil {
