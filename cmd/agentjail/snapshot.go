@@ -191,7 +191,7 @@ func printDiff(w io.Writer, d *client.FsDiff) {
 func diffCounts(d *client.FsDiff) string {
 	s := fmt.Sprintf("%d added, %d modified, %d deleted", d.Added, d.Changed, d.Deleted)
 	if d.Truncated {
-		s += " (truncated: more paths changed than one diff examines; these are among the first read)"
+		s += " (truncated: more than 100 000 paths changed, or directories are nested past the path limit; these are the changes among the paths read)"
 	}
 	return s
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/regfile"
 )
 
 // CommitRequest describes a commit: a jail's upper layer on top of the
@@ -160,13 +161,20 @@ func sha256Sum(b []byte) []byte {
 	return s[:]
 }
 
-// writeLayer writes the tar of req.Upper to w.
+// writeLayer writes the tar of req.Upper to w. The jail may still run: an
+// entry gone since its directory was read is left out, a file that shrank
+// while it was read is padded with zeros (as tar does), and a directory
+// nested past the kernel's path limit fails the commit as unprocessable.
 func writeLayer(ctx context.Context, w io.Writer, req CommitRequest) error {
 	tw := tar.NewWriter(w)
 	links := map[[2]uint64]string{}
+	buf := make([]byte, 64<<10)
 	err := filepath.WalkDir(req.Upper, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
-			return err
+			return tooDeep(err, p, req.Upper)
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -182,8 +190,10 @@ func writeLayer(ctx context.Context, w io.Writer, req CommitRequest) error {
 			return nil
 		}
 		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
+		if err := unix.Lstat(p, &st); errors.Is(err, unix.ENOENT) {
+			return nil
+		} else if err != nil {
+			return tooDeep(err, p, req.Upper)
 		}
 		hdr := &tar.Header{
 			Name:    rel,
@@ -211,6 +221,9 @@ func writeLayer(ctx context.Context, w io.Writer, req CommitRequest) error {
 			return nil
 		case unix.S_IFLNK:
 			t, err := os.Readlink(p)
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.EINVAL) {
+				return nil // gone, or no longer a link
+			}
 			if err != nil {
 				return err
 			}
@@ -220,25 +233,29 @@ func writeLayer(ctx context.Context, w io.Writer, req CommitRequest) error {
 			hdr.Typeflag = tar.TypeFifo
 			return tw.WriteHeader(hdr)
 		case unix.S_IFREG:
+			k := [2]uint64{st.Dev, st.Ino}
 			if st.Nlink > 1 {
-				k := [2]uint64{st.Dev, st.Ino}
 				if first, ok := links[k]; ok {
 					hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
 					return tw.WriteHeader(hdr)
 				}
-				links[k] = rel
 			}
-			hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
+			fd, size, err := regfile.Open(p)
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, regfile.ErrNotRegular) || errors.Is(err, unix.ELOOP) {
+				return nil // gone, or no longer a file
 			}
-			in, err := os.Open(p)
 			if err != nil {
 				return err
 			}
-			_, err = io.CopyN(tw, in, st.Size)
-			in.Close()
-			return err
+			defer unix.Close(fd)
+			hdr.Typeflag, hdr.Size = tar.TypeReg, size
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if st.Nlink > 1 {
+				links[k] = rel
+			}
+			return regfile.CopyN(ctx, tw, fd, size, buf)
 		}
 		return nil // sockets
 	})
@@ -249,6 +266,20 @@ func writeLayer(ctx context.Context, w io.Writer, req CommitRequest) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return tw.Close()
+}
+
+// tooDeep turns err, met at path p of tree root, into an unprocessable
+// error when p is longer than the kernel takes (a jail can nest
+// directories past that limit); other errors are returned as they are.
+func tooDeep(err error, p, root string) error {
+	if !errors.Is(err, unix.ENAMETOOLONG) {
+		return err
+	}
+	rel := strings.TrimPrefix(strings.TrimPrefix(p, root), "/")
+	if len(rel) > 200 {
+		rel = rel[:100] + "..." + rel[len(rel)-100:]
+	}
+	return errdefs.Unprocessablef("commit: the jail's directories are nested past the kernel's path limit (4096 bytes) at /%s; a layer cannot hold them", rel)
 }
 
 func isOpaqueDir(dir string) bool {

@@ -135,3 +135,48 @@ func TestCommitUpperAsLayer(t *testing.T) {
 		t.Fatalf("commit with a digest as tag: %v", err)
 	}
 }
+
+// TestCommitTreeTooDeep: a jail can nest directories past the kernel's
+// path limit; its commit is refused as unprocessable, naming where, and
+// leaves no image and no spooled layer behind.
+func TestCommitTreeTooDeep(t *testing.T) {
+	s := newStore(t, nil)
+	defer s.Close()
+	dir := t.TempDir()
+	parent, err := s.Load(context.Background(), imagetest.DockerArchive(t, dir, "base:1", layered(t)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := s.List()
+	upper := filepath.Join(dir, "upper")
+	if err := os.MkdirAll(filepath.Join(upper, "work"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(filepath.Join(upper, "work"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 500 { // 6 000 bytes of path
+		if err := unix.Mkdirat(fd, "d0123456789", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, "d0123456789", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	_, err = s.Commit(context.Background(), CommitRequest{Parent: parent[0].ID, Upper: upper, Tag: "deep:1"})
+	if !errors.Is(err, errdefs.ErrUnprocessable) || !strings.Contains(err.Error(), "/work/d0123456789/") {
+		t.Fatalf("commit of a tree nested past the path limit: %v", err)
+	}
+	after := s.List()
+	if len(after) != len(before) {
+		t.Errorf("%d images after the refused commit, %d before", len(after), len(before))
+	}
+	if ents, err := os.ReadDir(s.TmpDir()); err != nil || len(ents) != 0 {
+		t.Errorf("spool after the refused commit: %v %v", ents, err)
+	}
+}

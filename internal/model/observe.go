@@ -61,7 +61,9 @@ type FsDiff struct {
 	Changed int      `json:"modified"`
 	Deleted int      `json:"deleted"`
 	// Truncated is set when more paths changed than one diff examines
-	// (100 000): the changes and counts are those among the paths it read.
+	// (100 000), or when directories are nested past the kernel's path
+	// limit (4 096 bytes; what is below them is not read): the changes and
+	// counts are those among the paths it read.
 	Truncated bool `json:"truncated,omitempty"`
 }
 

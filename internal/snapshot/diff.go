@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/regfile"
 )
 
 // Change kinds.
@@ -41,57 +43,91 @@ type entry struct {
 	st   unix.Stat_t
 }
 
-// resolve finds jail path p (absolute, clean) in the merged view of t, by
-// overlayfs's rules: an upper entry hides the lower one, a whiteout (a 0/0
-// character device) deletes it, an opaque upper directory hides the whole
-// lower directory, and a lower entry is only visible below directories.
-func (t Tree) resolve(p string) (*entry, bool) {
+// resolver finds paths in the merged view of a Tree, by overlayfs's rules:
+// an upper entry hides the lower one, a whiteout (a 0/0 character device)
+// deletes it, an opaque upper directory hides the whole lower directory,
+// and a lower entry is only visible below directories. It keeps the
+// directories of the last path it resolved: a diff resolves paths in
+// sorted order, so a path's directories are mostly those of the one
+// before, and each path costs a look at its own name rather than at every
+// directory above it.
+type resolver struct {
+	t Tree
+	// dirs are the visible directories above the last path resolved:
+	// dirs[0] is the root, dirs[i] the one i levels down.
+	dirs []layerDir
+}
+
+// layerDir is a directory of the merged view: its name, its host path in
+// each layer, and whether each layer still shows what is below it.
+type layerDir struct {
+	name             string
+	up, low          string
+	upperOK, lowerOK bool
+}
+
+// resolve finds jail path p (absolute, clean) in the merged view.
+func (r *resolver) resolve(p string) (*entry, bool) {
+	if len(r.dirs) == 0 {
+		r.dirs = []layerDir{{up: r.t.Upper, low: r.t.Lower, upperOK: true, lowerOK: r.t.Lower != ""}}
+	}
 	parts := strings.Split(strings.TrimPrefix(p, "/"), "/")
-	up, low := t.Upper, t.Lower
-	upperOK, lowerOK := true, t.Lower != ""
-	for i, part := range parts {
-		last := i == len(parts)-1
-		up, low = filepath.Join(up, part), filepath.Join(low, part)
-		if upperOK {
-			var st unix.Stat_t
-			if err := unix.Lstat(up, &st); err == nil {
-				if isWhiteout(&st) {
-					return nil, false
-				}
-				if last {
-					return &entry{host: up, st: st}, true
-				}
-				if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-					return nil, false
-				}
-				if isOpaque(up) {
-					lowerOK = false
-				}
-				if lowerOK {
-					var lst unix.Stat_t
-					if unix.Lstat(low, &lst) != nil || lst.Mode&unix.S_IFMT != unix.S_IFDIR {
-						lowerOK = false
-					}
-				}
-				continue
+	keep := 1
+	for keep < len(r.dirs) && keep < len(parts) && r.dirs[keep].name == parts[keep-1] {
+		keep++
+	}
+	r.dirs = r.dirs[:keep]
+	for _, part := range parts[keep-1 : len(parts)-1] {
+		d, ok := r.dirs[len(r.dirs)-1].child(part)
+		if !ok {
+			return nil, false
+		}
+		r.dirs = append(r.dirs, d)
+	}
+	return r.dirs[len(r.dirs)-1].entry(parts[len(parts)-1])
+}
+
+// child is d's entry name when it is a visible directory.
+func (d layerDir) child(name string) (layerDir, bool) {
+	c := layerDir{name: name, up: filepath.Join(d.up, name), low: filepath.Join(d.low, name), upperOK: d.upperOK, lowerOK: d.lowerOK}
+	var st unix.Stat_t
+	if c.upperOK {
+		if err := unix.Lstat(c.up, &st); err == nil {
+			if isWhiteout(&st) || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				return c, false
 			}
-			upperOK = false
+			if isOpaque(c.up) {
+				c.lowerOK = false
+			}
+			if c.lowerOK && (unix.Lstat(c.low, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR) {
+				c.lowerOK = false
+			}
+			return c, true
 		}
-		if !lowerOK {
-			return nil, false
-		}
-		var st unix.Stat_t
-		if err := unix.Lstat(low, &st); err != nil {
-			return nil, false
-		}
-		if last {
-			return &entry{host: low, st: st}, true
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return nil, false
+		c.upperOK = false
+	}
+	if !c.lowerOK || unix.Lstat(c.low, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return c, false
+	}
+	return c, true
+}
+
+// entry is d's visible entry name.
+func (d layerDir) entry(name string) (*entry, bool) {
+	up, low := filepath.Join(d.up, name), filepath.Join(d.low, name)
+	var st unix.Stat_t
+	if d.upperOK {
+		if err := unix.Lstat(up, &st); err == nil {
+			if isWhiteout(&st) {
+				return nil, false
+			}
+			return &entry{host: up, st: st}, true
 		}
 	}
-	return nil, false
+	if !d.lowerOK || unix.Lstat(low, &st) != nil {
+		return nil, false
+	}
+	return &entry{host: low, st: st}, true
 }
 
 func isWhiteout(st *unix.Stat_t) bool {
@@ -120,9 +156,13 @@ const dirBatch = 512
 
 // candidates collects the jail paths that may differ between trees whose
 // lower trees are the same: every path of either upper layer, and the
-// lower children of opaque upper directories. It stops at limit paths and
-// then reports true: into holds some of them.
+// lower children of opaque upper directories. It reports true when into
+// holds only some of them: it stopped at limit paths, or some directory
+// lies too deep for its host path to be opened (a jail can nest
+// directories past the kernel's path limit; such a directory is itself
+// taken in, what is below it is not).
 func candidates(ctx context.Context, trees []Tree, skip func(string) bool, into map[string]bool, limit int) (bool, error) {
+	partial := false
 	// add takes path p in, unless the bound is reached.
 	add := func(p string) bool {
 		if !into[p] {
@@ -153,6 +193,10 @@ func candidates(ctx context.Context, trees []Tree, skip func(string) bool, into 
 				}
 				return true
 			})
+			if errors.Is(err, unix.ENAMETOOLONG) {
+				partial = true
+				continue
+			}
 			if err != nil {
 				return false, fmt.Errorf("fs diff of %s: %w", t.Upper, err)
 			}
@@ -165,6 +209,10 @@ func candidates(ctx context.Context, trees []Tree, skip func(string) bool, into 
 			full, err = readDir(ctx, filepath.Join(t.Lower, filepath.FromSlash(jp)), func(name string, _ bool) bool {
 				return add(path.Join(jp, name))
 			})
+			if errors.Is(err, unix.ENAMETOOLONG) {
+				partial = true
+				continue
+			}
 			if err != nil {
 				return false, fmt.Errorf("fs diff of %s: %w", t.Lower, err)
 			}
@@ -173,7 +221,7 @@ func candidates(ctx context.Context, trees []Tree, skip func(string) bool, into 
 			}
 		}
 	}
-	return false, nil
+	return partial, nil
 }
 
 // readDir calls fn for each entry of directory dir (with whether it is a
@@ -231,28 +279,30 @@ func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*m
 	}
 	sort.Strings(paths)
 	d := &model.FsDiff{Changes: []model.Change{}, Truncated: truncated}
+	ra, rb := &resolver{t: a}, &resolver{t: b}
+	buf := make([]byte, 64<<10) // for hashing
 	for _, p := range paths {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		ea, inA := a.resolve(p)
-		eb, inB := b.resolve(p)
+		ea, inA := ra.resolve(p)
+		eb, inB := rb.resolve(p)
 		var c model.Change
 		switch {
 		case !inA && !inB:
 			continue
 		case !inA:
-			c = describe(ctx, p, eb)
+			c = describe(ctx, p, eb, buf)
 			c.Kind = Added
 			d.Added++
 			if text {
 				c.Diff = textDiff(ctx, p, nil, eb, budget)
 			}
 		case !inB:
-			if _, parentInB := b.resolve(path.Dir(p)); path.Dir(p) != "/" && !parentInB {
+			if _, parentInB := rb.resolve(path.Dir(p)); path.Dir(p) != "/" && !parentInB {
 				continue // the deleted parent directory says it
 			}
-			c = describe(ctx, p, ea)
+			c = describe(ctx, p, ea, buf)
 			c.Kind = Deleted
 			d.Deleted++
 			if text {
@@ -262,7 +312,7 @@ func Diff(ctx context.Context, a, b Tree, skip func(string) bool, text bool) (*m
 			if ea.host == eb.host {
 				continue
 			}
-			oldC, newC := describe(ctx, p, ea), describe(ctx, p, eb)
+			oldC, newC := describe(ctx, p, ea, buf), describe(ctx, p, eb, buf)
 			if oldC.Type == newC.Type && oldC.Mode == newC.Mode && oldC.Size == newC.Size &&
 				oldC.SHA256 == newC.SHA256 && linkTarget(ea) == linkTarget(eb) {
 				continue
@@ -296,13 +346,13 @@ func typeOf(st *unix.Stat_t) string {
 }
 
 // describe fills a Change with the entry's type, size, mode and, for a
-// regular file, the sha256 of its content.
-func describe(ctx context.Context, p string, e *entry) model.Change {
+// regular file, the sha256 of its content (read through buf).
+func describe(ctx context.Context, p string, e *entry, buf []byte) model.Change {
 	c := model.Change{Path: p, Type: typeOf(&e.st), Mode: fmt.Sprintf("%04o", e.st.Mode&07777)}
 	switch c.Type {
 	case "file":
 		c.Size = e.st.Size
-		c.SHA256, _ = hashFile(ctx, e.host)
+		c.SHA256, _ = hashFile(ctx, e.host, buf)
 	case "symlink":
 		c.Size = e.st.Size
 	}
@@ -317,48 +367,39 @@ func linkTarget(e *entry) string {
 	return t
 }
 
-func hashFile(ctx context.Context, p string) (string, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+func hashFile(ctx context.Context, p string, buf []byte) (string, error) {
+	fd, _, err := regfile.Open(p)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
+	defer unix.Close(fd)
 	h := sha256.New()
-	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
+	if _, err := regfile.Read(ctx, fd, buf, math.MaxInt64, func(b []byte) error { h.Write(b); return nil }); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// ctxReader reads r until ctx ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
-}
-
 // readText returns the content of a regular text file of at most
 // maxTextDiff bytes (nil entry: empty), and false when it is binary or
 // larger.
-func readText(e *entry) ([]byte, bool) {
+func readText(ctx context.Context, e *entry) ([]byte, bool) {
 	if e == nil {
 		return nil, true
 	}
 	if e.st.Size > maxTextDiff {
 		return nil, false
 	}
-	f, err := os.OpenFile(e.host, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	fd, size, err := regfile.Open(e.host)
 	if err != nil {
 		return nil, false
 	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxTextDiff+1))
+	defer unix.Close(fd)
+	if size > maxTextDiff {
+		return nil, false
+	}
+	data := make([]byte, 0, size+1)
+	_, err = regfile.Read(ctx, fd, make([]byte, 32<<10), maxTextDiff+1, func(b []byte) error { data = append(data, b...); return nil })
 	if err != nil || len(data) > maxTextDiff || bytes.IndexByte(data, 0) >= 0 || !utf8.Valid(data) {
 		return nil, false
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -72,6 +73,60 @@ func TestDiffOverlayRules(t *testing.T) {
 		if c.Path == "/etc/keep" && c.Diff == "" {
 			t.Errorf("no text diff for %s", c.Path)
 		}
+	}
+}
+
+// TestDiffDeepTree: a jail can nest directories past the kernel's path
+// limit (each made relative to the one above). The diff lists what it can
+// reach, says it is truncated, and still reads the rest of the tree.
+func TestDiffDeepTree(t *testing.T) {
+	root := t.TempDir()
+	lower, empty, up := filepath.Join(root, "lower"), filepath.Join(root, "empty"), filepath.Join(root, "upper")
+	for _, d := range []string{lower, empty, up} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(t, filepath.Join(up, "a/near"), "x")
+	write(t, filepath.Join(up, "z/after"), "x")
+	const name, depth = "d0123456789", 500 // 6 000 bytes of path
+	fd, err := unix.Open(filepath.Join(up, "a"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range depth {
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+
+	d, err := Diff(t.Context(), Tree{Lower: lower, Upper: empty}, Tree{Lower: lower, Upper: up}, nil, true)
+	if err != nil {
+		t.Fatalf("diff of a tree nested past the path limit: %v", err)
+	}
+	if !d.Truncated {
+		t.Fatal("the diff does not say it left out what lies too deep")
+	}
+	listed := map[string]bool{}
+	deepest := 0
+	for _, c := range d.Changes {
+		listed[c.Path] = true
+		deepest = max(deepest, strings.Count(c.Path, name))
+	}
+	for _, p := range []string{"/a/near", "/z/after", "/a/" + name} {
+		if !listed[p] {
+			t.Errorf("%s is not listed", p)
+		}
+	}
+	if deepest < 300 {
+		t.Errorf("only %d levels listed; a host path of 4 096 bytes holds about 340", deepest)
 	}
 }
 

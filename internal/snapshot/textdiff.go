@@ -143,8 +143,8 @@ func textDiff(ctx context.Context, p string, a, b *entry, budget *textBudget) st
 	case <-ctx.Done():
 		return notText(from, to)
 	}
-	old, ok1 := readText(a)
-	cur, ok2 := readText(b)
+	old, ok1 := readText(ctx, a)
+	cur, ok2 := readText(ctx, b)
 	if !ok1 || !ok2 {
 		<-slots
 		return notText(from, to)

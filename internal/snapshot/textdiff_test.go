@@ -116,7 +116,7 @@ func TestUnifiedBounded(t *testing.T) {
 func entryOf(t *testing.T, p, data string) *entry {
 	t.Helper()
 	write(t, p, data)
-	e, ok := (Tree{Upper: filepath.Dir(p)}).resolve("/" + filepath.Base(p))
+	e, ok := (&resolver{t: Tree{Upper: filepath.Dir(p)}}).resolve("/" + filepath.Base(p))
 	if !ok {
 		t.Fatalf("%s not found", p)
 	}

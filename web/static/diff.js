@@ -5,7 +5,7 @@ import {h, bytes} from './util.js';
 // diffCounts sums a diff answer up in one line.
 export function diffCounts(d) {
   const s = `${d.added} added, ${d.modified} modified, ${d.deleted} deleted`;
-  return d.truncated ? `${s} (truncated: more paths changed than one diff examines)` : s;
+  return d.truncated ? `${s} (truncated: some changed paths were not read)` : s;
 }
 
 export function renderDiff(c) {
