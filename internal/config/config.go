@@ -101,7 +101,20 @@ type Tracing struct {
 	// Pcap captures the jail's traffic on its host-side interface to
 	// events/capture.pcap (readable by tshark and Wireshark).
 	Pcap bool `json:"pcap,omitempty"`
+	// MaxFileBytes bounds each of the jail's event files (0:
+	// DefaultEventFileBytes; MinEventFileBytes to MaxEventFileBytes).
+	// Past it the file's events are counted lost instead of written (the
+	// live stream still has them), so one jail's flood of events cannot
+	// fill the data dir that every jail's record shares.
+	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
 }
+
+// The bound of each of a jail's event files.
+const (
+	DefaultEventFileBytes = 2 << 30
+	MinEventFileBytes     = 1 << 20
+	MaxEventFileBytes     = 1 << 40
+)
 
 // Isolation levels.
 const (

@@ -59,6 +59,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"isolation.resources.nofile_limit", func(c *Config) { c.Isolation.Resources.NofileLimit = 1 << 20 }},
 		{"isolation.resources.memory_swap_bytes", func(c *Config) { c.Isolation.Resources.MemorySwapBytes = MiB }},
 		{"isolation.level", func(c *Config) { c.Isolation.Level = LevelVM }},
+		{"tracing.max_file_bytes", func(c *Config) { c.Tracing.MaxFileBytes = 1000 }},
+		{"tracing.max_file_bytes", func(c *Config) { c.Tracing.MaxFileBytes = MaxEventFileBytes + 1 }},
 		{"isolation.network.mode", func(c *Config) { c.Isolation.Network.Mode = NetHost }},
 		{"isolation.network.limits.connections", func(c *Config) {
 			c.Isolation.Network.Limits = &NetworkLimits{Connections: MaxConnections + 1}

@@ -59,6 +59,10 @@ func (c *Config) Validate(h Host) error {
 	default:
 		return errdefs.Unprocessablef("tracing.mode: %q (expected full, no-syscalls or off)", c.Tracing.Mode)
 	}
+	if b := c.Tracing.MaxFileBytes; b != 0 && (b < MinEventFileBytes || b > MaxEventFileBytes) {
+		return errdefs.Unprocessablef("tracing.max_file_bytes: %d is not 0 (the default, %d) or between %d and %d",
+			b, int64(DefaultEventFileBytes), int64(MinEventFileBytes), int64(MaxEventFileBytes))
+	}
 	if err := iso.Filesystem.validate(); err != nil {
 		return err
 	}

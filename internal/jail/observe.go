@@ -2,6 +2,7 @@ package jail
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -110,6 +111,10 @@ func (m *Manager) observeStart(e *entry, b backend.Backend, st backend.Status) (
 	dir := filepath.Join(e.dir, "events")
 	opts := writerOptions
 	opts.ReserveBytes = eventReserve(e.dir)
+	opts.MaxFileBytes = j.Config.Tracing.MaxFileBytes
+	if opts.MaxFileBytes == 0 {
+		opts.MaxFileBytes = config.DefaultEventFileBytes
+	}
 	w, err := observe.OpenWriter(dir, opts)
 	if err != nil {
 		return fmt.Errorf("event files: %w", err)
@@ -473,11 +478,22 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	o.mu.Lock()
 	o.agg.fill(r)
 	o.mu.Unlock()
-	// A full data dir loses events but not the jail: say so here.
+	// A full data dir, or an event file at its bound, loses events but
+	// not the jail: say so here.
 	if lost, err := o.rec.Health(); lost > 0 || err != nil {
-		r.Lost[lostDisk] = lost
+		bounded := o.rec.OverBound()
+		if lost > bounded {
+			r.Lost[lostDisk] = lost - bounded
+		}
+		if bounded > 0 {
+			r.Lost[lostBound] = bounded
+		}
 		if err != nil {
-			msg := fmt.Sprintf("event files: %v (%d events not written so far)", err, lost)
+			why := ""
+			if errors.Is(err, observe.ErrBound) {
+				why = "tracing.max_file_bytes; "
+			}
+			msg := fmt.Sprintf("event files: %v (%s%d events not written so far)", err, why, lost)
 			r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
 		}
 	}
@@ -500,9 +516,13 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	return r, nil
 }
 
-// lostDisk is the report's count of events the disk refused (a full data
-// dir).
-const lostDisk = "disk"
+// The report's counts of events not written to the event files: those the
+// disk refused (a full data dir), and those past a file's bound
+// (tracing.max_file_bytes).
+const (
+	lostDisk  = "disk"
+	lostBound = "limit"
+)
 
 // maxPaths and maxExited bound the aggregates of a long-running jail.
 const (

@@ -113,7 +113,10 @@ type Report struct {
 	Network  []NetStat         `json:"network"`
 	Process  ProcessTree       `json:"processes"`
 	FsDiff   *FsDiff           `json:"fs_diff,omitempty"`
-	// Lost counts dropped events by source (kernel ring buffer, JSONL writer).
+	// Lost counts dropped events by source: the kernel ring buffer
+	// ("kernel"), the JSONL writer falling behind ("writer"), a full data
+	// dir ("disk"), event files at their bound ("limit"), the network
+	// tracer ("network").
 	Lost map[string]uint64 `json:"lost"`
 	// DNS counts the jail's queries to the daemon's DNS: answered, and
 	// dropped (absent when the jail has no network attached).

@@ -588,5 +588,22 @@ func (ft *FileTracker) resolve(t *task, dirfd int32, p string) string {
 	if base == "" {
 		return p
 	}
-	return path.Join(base, p)
+	return capPath(path.Join(base, p))
+}
+
+// maxTrackedPath bounds the paths the tracker makes (the kernel's
+// PATH_MAX). A process can go down directories by relative steps without
+// end, and its working directory and every path made from it would grow
+// with each one.
+const maxTrackedPath = 4096
+
+// capPath returns p, or, when it is longer than maxTrackedPath, its start
+// and end around "/…/".
+func capPath(p string) string {
+	if len(p) <= maxTrackedPath {
+		return p
+	}
+	const mid = "/…/"
+	keep := (maxTrackedPath - len(mid)) / 2
+	return p[:keep] + mid + p[len(p)-keep:]
 }

@@ -169,3 +169,26 @@ func TestFileTrackerCountedCalls(t *testing.T) {
 		t.Fatalf("counted writes: %q", got)
 	}
 }
+
+// TestFileTrackerBoundsPaths: a process going down directories by relative
+// steps without end (mkdir d, chdir d, ...) does not make the tracked
+// working directory, or the paths of its events, grow past the kernel's
+// path limit: they keep their start and their end.
+func TestFileTrackerBoundsPaths(t *testing.T) {
+	s := newScript()
+	s.proc("exec", 10, 10, func(e *Event) { e.Cwd = "/tmp" })
+	for range 3000 {
+		s.sys(10, "mkdir", 0, "d0123456789", 0o755)
+		s.sys(10, "chdir", 0, "d0123456789")
+	}
+	s.sys(10, "mkdir", 0, "last", 0o755)
+	for _, l := range s.out {
+		if p := strings.TrimPrefix(l, "mkdir "); len(p) > maxTrackedPath {
+			t.Fatalf("a path of %d bytes was recorded", len(p))
+		}
+	}
+	last := s.out[len(s.out)-1]
+	if !strings.HasPrefix(last, "mkdir /tmp/d0123456789/d0123456789/") || !strings.HasSuffix(last, "/d0123456789/d0123456789/last") || !strings.Contains(last, "/…/") {
+		t.Fatalf("the deepest path does not keep its start and end: %q...%q", last[:60], last[len(last)-60:])
+	}
+}

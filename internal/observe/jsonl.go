@@ -58,7 +58,17 @@ type WriterOptions struct {
 	// filesystem as the jails write their disks; events alone must not take
 	// its last bytes. 0 keeps no reserve.
 	ReserveBytes int64
+	// MaxFileBytes bounds each file: a write that would take a file past
+	// it is refused (its lines counted lost and OverBound, Health failing),
+	// so that one jail's flood of events cannot take the data dir's space
+	// from the others. Only the lines counting what was lost go past it,
+	// when the Writer closes. 0 is no bound.
+	MaxFileBytes int64
 }
+
+// ErrBound is what a write refused to keep a file within the Writer's
+// MaxFileBytes fails with.
+var ErrBound = errors.New("reached its bound")
 
 // ErrReserve is what a write refused to keep the Writer's reserve of free
 // space fails with (it wraps syscall.ENOSPC).
@@ -81,6 +91,9 @@ type chunk struct {
 	// waitWritten): it is closed once the chunks queued before it are
 	// written or refused.
 	written chan struct{}
+	// last marks the lost lines written when the Writer closes, which may
+	// go past MaxFileBytes.
+	last bool
 }
 
 // Writer appends a jail's events to its JSONL files (events/syscalls.jsonl,
@@ -118,6 +131,7 @@ type Writer struct {
 	// The reserve of free space (the disk goroutine's): the free bytes the
 	// last check found, when it was, and the bytes written since.
 	reserve     int64
+	maxFile     int64
 	freeBytes   int64
 	freeChecked time.Time
 	sinceCheck  int64
@@ -128,6 +142,7 @@ type Writer struct {
 
 	dropped atomic.Uint64
 	lost    atomic.Uint64 // lines lost to failed writes, in all
+	bounded atomic.Uint64 // of which refused by MaxFileBytes
 	written atomic.Uint64
 	errMu   sync.Mutex
 	err     error
@@ -151,6 +166,7 @@ func OpenWriter(dir string, opts WriterOptions) (*Writer, error) {
 		dir:      dir,
 		chunkCap: opts.ChunkBytes,
 		reserve:  opts.ReserveBytes,
+		maxFile:  opts.MaxFileBytes,
 		queue:    make(chan chunk, opts.QueueChunks),
 		done:     make(chan struct{}),
 	}
@@ -324,6 +340,18 @@ func (w *Writer) waitWritten() {
 // slower than the stream.
 func (w *Writer) Dropped() uint64 { return w.dropped.Load() }
 
+// sizeString writes n bytes in MiB when it is a whole number of them.
+func sizeString(n int64) string {
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// OverBound returns the number of lines refused so far because their file
+// reached MaxFileBytes (they are counted in Health's lost too).
+func (w *Writer) OverBound() uint64 { return w.bounded.Load() }
+
 // Written returns the number of bytes written to the files so far.
 func (w *Writer) Written() uint64 { return w.written.Load() }
 
@@ -344,7 +372,13 @@ func (w *Writer) drain() {
 func (w *Writer) writeChunk(c chunk) {
 	f := w.files[c.stream]
 	var n int
-	err := w.keepReserve(len(c.buf))
+	var err error
+	if w.maxFile > 0 && !c.last && w.sizes[c.stream]+int64(len(c.buf)) > w.maxFile {
+		err = fmt.Errorf("%s %w of %s", streamFiles[c.stream], ErrBound, sizeString(w.maxFile))
+		w.bounded.Add(c.lines)
+	} else {
+		err = w.keepReserve(len(c.buf))
+	}
 	if err == nil {
 		n, err = f.Write(c.buf)
 	}
@@ -440,7 +474,7 @@ func (w *Writer) Close() error {
 	for i := range w.files {
 		if n := w.diskLost[i].Swap(0); n > 0 {
 			lost := Event{Type: TypeLost, TS: nowNano(), Source: LostWriter, Lost: n}
-			w.writeChunk(chunk{stream: i, buf: append(lost.AppendJSON(nil), '\n'), carried: n})
+			w.writeChunk(chunk{stream: i, buf: append(lost.AppendJSON(nil), '\n'), carried: n, last: true})
 		}
 	}
 	var errs []error

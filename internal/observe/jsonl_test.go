@@ -214,20 +214,8 @@ func TestWriterDiskFull(t *testing.T) {
 	}
 	// Every lost line is accounted for in the file, and the last event
 	// made it.
-	var reported uint64
 	lines := readLines(t, filepath.Join(mnt, "events", SyscallsFile))
-	for _, l := range lines {
-		var ev struct {
-			Type string `json:"type"`
-			Lost uint64 `json:"count"`
-		}
-		if err := json.Unmarshal([]byte(l), &ev); err != nil {
-			t.Fatal(err)
-		}
-		if ev.Type == "lost" {
-			reported += ev.Lost
-		}
-	}
+	reported, _ := countLost(t, lines)
 	if reported != lost || !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }) {
 		t.Fatalf("the file reports %d lost lines, the writer lost %d; the last event is there: %v", reported, lost, slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }))
 	}
@@ -289,8 +277,61 @@ func TestWriterReserve(t *testing.T) {
 	if lost, err = w.Health(); err != nil {
 		t.Fatalf("with room again: %v", err)
 	}
-	var reported uint64
 	lines := readLines(t, filepath.Join(mnt, "events", SyscallsFile))
+	reported, _ := countLost(t, lines)
+	if reported != lost || !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }) {
+		t.Fatalf("the file reports %d lost lines, the writer lost %d; the last event is there: %v", reported, lost, slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }))
+	}
+}
+
+// TestWriterFileBound: a file at the Writer's bound takes no more lines
+// (they are counted lost and over the bound, Health saying why) while the
+// other files are still written; on close the file ends with a lost line
+// counting every line it refused, just past the bound.
+func TestWriterFileBound(t *testing.T) {
+	dir := t.TempDir()
+	const bound = 64 << 10
+	w, err := OpenWriter(dir, WriterOptions{ChunkBytes: 4096, MaxFileBytes: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5000 { // about 500 KiB of syscall lines
+		w.Write(&Event{Type: TypeSyscall, NR: 1, PID: int32(i), Comm: "flood"})
+		if i%10 == 9 {
+			w.Flush()
+			w.waitWritten()
+		}
+	}
+	w.Write(&Event{Type: TypeProc, PID: 4242, Comm: "after-the-flood"})
+	w.Flush()
+	w.waitWritten()
+	lost, err := w.Health()
+	if lost == 0 || w.OverBound() != lost || !errors.Is(err, ErrBound) {
+		t.Fatalf("after a flood past the bound: %d lost, %d over the bound, %v", lost, w.OverBound(), err)
+	}
+	if err := w.Close(); !errors.Is(err, ErrBound) {
+		t.Errorf("Close: %v, want the bound's error", err)
+	}
+	st, err := os.Stat(filepath.Join(dir, SyscallsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > bound+200 {
+		t.Errorf("%s holds %d bytes, its bound is %d", SyscallsFile, st.Size(), bound)
+	}
+	reported, written := countLost(t, readLines(t, filepath.Join(dir, SyscallsFile)))
+	if reported != lost || written+lost != 5000 {
+		t.Errorf("the file holds %d lines and reports %d lost; the writer lost %d of 5000", written, reported, lost)
+	}
+	if lines := readLines(t, filepath.Join(dir, ProcessesFile)); len(lines) != 1 || !strings.Contains(lines[0], "after-the-flood") {
+		t.Errorf("the other files are not written: %q", lines)
+	}
+}
+
+// countLost returns the total of the lost lines among JSONL lines, and the
+// number of other lines.
+func countLost(t *testing.T, lines []string) (lost, other uint64) {
+	t.Helper()
 	for _, l := range lines {
 		var ev struct {
 			Type string `json:"type"`
@@ -300,10 +341,10 @@ func TestWriterReserve(t *testing.T) {
 			t.Fatal(err)
 		}
 		if ev.Type == "lost" {
-			reported += ev.Lost
+			lost += ev.Lost
+		} else {
+			other++
 		}
 	}
-	if reported != lost || !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }) {
-		t.Fatalf("the file reports %d lost lines, the writer lost %d; the last event is there: %v", reported, lost, slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, `"pid":99999`) }))
-	}
+	return lost, other
 }

@@ -75,6 +75,15 @@ func (r *Recorder) Health() (uint64, error) {
 	return r.w.Health()
 }
 
+// OverBound is the writer's OverBound: the events refused because their
+// file reached its bound (0 without a writer).
+func (r *Recorder) OverBound() uint64 {
+	if r.w == nil {
+		return 0
+	}
+	return r.w.OverBound()
+}
+
 // Idle flushes the writer's partly filled buffers.
 func (r *Recorder) Idle() {
 	if r.w != nil {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -490,4 +491,51 @@ func refusedRecords(log string) (sawCurl, sawPython bool) {
 		}
 	}
 	return sawCurl, sawPython
+}
+
+// TestEventFileBound floods the record of a jail whose event files are
+// bounded at 1 MiB (50 000 stat calls, each naming a path, which are not
+// coalesced: about 12 MB of syscall lines): the syscall file stays
+// within the bound, the report counts what it left out and says why, the
+// other files go on (a later command is in the process record), the jail
+// runs on, and once it stops the file counts what it left out.
+func TestEventFileBound(t *testing.T) {
+	d := shared(t)
+	const bound = 1 << 20
+	j := d.createJail(t, map[string]any{"tracing": map[string]any{"max_file_bytes": bound}})
+	d.mustSh(t, j.ID, "python3 -c 'import os\nfor i in range(50000):\n    try: os.stat(\"/none/%d\" % i)\n    except OSError: pass'")
+	d.mustSh(t, j.ID, "bash -c 'exec -a marker-after-flood true'")
+
+	var rep reportObservation
+	if err := waitFor(30*time.Second, func() error {
+		d.api.want(t, http.StatusOK, "GET", "/jails/"+j.ID+"/report", nil, &rep)
+		if rep.Lost["limit"] == 0 {
+			return fmt.Errorf("lost %v", rep.Lost)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the report does not count the events past the bound: %v", err)
+	}
+	if rep.Observation.OK || !strings.Contains(rep.Observation.Message, "syscalls.jsonl") || !strings.Contains(rep.Observation.Message, "bound") {
+		t.Errorf("observation: %+v", rep.Observation)
+	}
+	if err := waitFor(30*time.Second, func() error {
+		if p := eventFiles(t, d, j.ID)["processes.jsonl"]; !bytes.Contains(p, []byte("marker-after-flood")) {
+			return fmt.Errorf("the command after the flood is not in the process record")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if got := d.getJail(t, j.ID); got.Status != "running" {
+		t.Fatalf("the jail past its bound: %+v", got)
+	}
+	d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/stop", nil, nil)
+	files := eventFiles(t, d, j.ID)
+	if n := len(files["syscalls.jsonl"]); n > bound+200 {
+		t.Errorf("syscalls.jsonl holds %d bytes, its bound is %d", n, bound)
+	}
+	if reported := wholeEventFiles(t, d, j.ID); reported < rep.Lost["limit"] {
+		t.Errorf("the files report %d lost events, the report counted %d past the bound", reported, rep.Lost["limit"])
+	}
 }
