@@ -591,11 +591,12 @@ func (ft *FileTracker) resolve(t *task, dirfd int32, p string) string {
 	return capPath(path.Join(base, p))
 }
 
-// maxTrackedPath bounds the paths the tracker makes (the kernel's
-// PATH_MAX). A process can go down directories by relative steps without
-// end, and its working directory and every path made from it would grow
-// with each one.
-const maxTrackedPath = 4096
+// maxTrackedPath bounds the paths the tracker makes (twice the paths the
+// kernel side reads). A process can go down directories by relative steps
+// without end, and its working directory and every path made from it
+// would grow with each one; the tracker holds one per open descriptor of
+// every process of the jail.
+const maxTrackedPath = 1024
 
 // capPath returns p, or, when it is longer than maxTrackedPath, its start
 // and end around "/…/".

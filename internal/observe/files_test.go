@@ -172,8 +172,8 @@ func TestFileTrackerCountedCalls(t *testing.T) {
 
 // TestFileTrackerBoundsPaths: a process going down directories by relative
 // steps without end (mkdir d, chdir d, ...) does not make the tracked
-// working directory, or the paths of its events, grow past the kernel's
-// path limit: they keep their start and their end.
+// working directory, or the paths of its events, grow past the tracker's
+// bound: they keep their start and their end.
 func TestFileTrackerBoundsPaths(t *testing.T) {
 	s := newScript()
 	s.proc("exec", 10, 10, func(e *Event) { e.Cwd = "/tmp" })
