@@ -738,6 +738,9 @@ func (m *Manager) start(ctx context.Context, e *entry) error {
 	if err != nil {
 		return err
 	}
+	// The last run's recordings are stored before the start clears the
+	// control dir they are in.
+	m.finalizeRecordings(e, false)
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStarting; j.Error = "" })
 	inst := m.instance(e)
 	inst.OnCreated = func(st backend.Status) error { return m.observeStart(e, b, st) }

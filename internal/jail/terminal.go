@@ -202,10 +202,17 @@ func (m *Manager) Terminals(ctx context.Context, ref string) ([]model.TerminalSe
 	return out, nil
 }
 
+// maxStoredRecordings bounds the recordings one jail keeps on the data dir
+// (compressed). Its init writes them in the jail's control dir, where the
+// jail's root can write too: without a bound a jail could move the room of
+// its control dir onto the data dir again and again.
+var maxStoredRecordings int64 = 4 << 30
+
 // finalizeRecordings moves a jail's finished recordings into its
 // recordings directory (compressed, checksummed). With running false, the
 // jail's init is gone and recordings it left unfinished are finalized as
-// they are (at most their last second is missing).
+// they are (at most their last second is missing). Past
+// maxStoredRecordings none is moved.
 func (m *Manager) finalizeRecordings(e *entry, running bool) {
 	recordingsMu.Lock()
 	defer recordingsMu.Unlock()
@@ -218,6 +225,12 @@ func (m *Manager) finalizeRecordings(e *entry, running bool) {
 		return
 	}
 	jailID := e.snapshot().ID
+	var stored int64
+	if list, err := recording.List(storedRecordings(e)); err == nil {
+		for _, r := range list {
+			stored += r.CompressedSize
+		}
+	}
 	for _, d := range ents {
 		sid, done := strings.CutSuffix(d.Name(), ".cast")
 		if !done {
@@ -227,9 +240,16 @@ func (m *Manager) finalizeRecordings(e *entry, running bool) {
 			}
 		}
 		rid := recordingID(jailID, sid)
-		if _, err := recording.Finalize(filepath.Join(raw, d.Name()), storedRecordings(e), rid, jailID, sid); err != nil {
-			m.log.Error("finalizing a recording", "recording", rid, "err", err)
+		if stored >= maxStoredRecordings {
+			m.log.Warn("a recording is not stored: the jail's recordings take their bound", "recording", rid, "stored", stored, "bound", maxStoredRecordings)
+			continue
 		}
+		rec, err := recording.Finalize(filepath.Join(raw, d.Name()), storedRecordings(e), rid, jailID, sid)
+		if err != nil {
+			m.log.Error("finalizing a recording", "recording", rid, "err", err)
+			continue
+		}
+		stored += rec.CompressedSize
 	}
 }
 

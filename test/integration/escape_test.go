@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -427,4 +430,51 @@ ln -sfn /proc/self/root selfroot; ln -sfn /proc/1/cwd p1cwd`, c.Path, rel, c.Dir
 		}
 		c.Check(t, "hard links")
 	})
+}
+
+// TestEscapeControlDir: init's control directory is bound into the jail
+// read-write, and the jail's root can write there. It is a bounded tmpfs
+// of its own, not the data dir's disk: root filling it gets "no space
+// left" after at most its bound, the host's disk is untouched, the jail
+// runs on, starts again with the room back (its init's log kept), and the
+// mount goes with the jail.
+func TestEscapeControlDir(t *testing.T) {
+	d := shared(t)
+	j := d.createJail(t, nil)
+	const bound = 64 << 20 // an eighth of the default 512 MiB of memory
+	host := filepath.Join(d.dir, "jails", j.ID, "run")
+	res := d.shAs(t, j.ID, "root", "dd if=/dev/zero of=/.agentjail/run/fill bs=1M count=200 2>&1; echo rc=$?")
+	if !strings.Contains(res.Stdout, "No space left on device") || strings.Contains(res.Stdout, "rc=0") {
+		t.Fatalf("writing 200 MiB into the control dir as the jail's root: %s", res.String())
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(host, &st); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(host, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Type != unix.TMPFS_MAGIC || fi.Size() > bound {
+		t.Fatalf("the control dir is a filesystem of type %#x; the jail wrote %d bytes there (bound %d)", st.Type, fi.Size(), bound)
+	}
+	d.mustSh(t, j.ID, "echo still answering")
+	log, err := os.ReadFile(filepath.Join(host, "init.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/stop", nil, nil)
+	d.api.want(t, http.StatusOK, "POST", "/jails/"+j.ID+"/start", nil, nil)
+	if _, err := os.Stat(filepath.Join(host, "fill")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("what the jail's root left in the control dir is still there after a restart: %v", err)
+	}
+	if again, err := os.ReadFile(filepath.Join(host, "init.log")); err != nil || !bytes.HasPrefix(again, log) {
+		t.Errorf("init's log was not kept across the restart: %v", err)
+	}
+	d.mustSh(t, j.ID, "echo started again")
+	d.destroy(t, j.ID)
+	if m := mountsUnder(host); len(m) > 0 {
+		t.Errorf("the control dir is still mounted after the jail was destroyed: %v", m)
+	}
 }

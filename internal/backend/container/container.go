@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -418,14 +419,94 @@ func idleShims(pidsLimit int64) int {
 	return 0
 }
 
-func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string]string) error {
+// controlBytes bounds a jail's control directory: init's socket, config
+// and log, and the recordings of the terminal sessions in progress (at most
+// 64 MiB, an eighth of the jail's memory, at least 4 MiB).
+func controlBytes(memoryBytes int64) int64 {
+	return max(4<<20, min(64<<20, memoryBytes/8))
+}
+
+// mountControl makes the jail's control directory a tmpfs of controlBytes.
+// The directory is bound into the jail read-write for its init, and the
+// jail's root can write there too: on the host's disk it would be a way
+// around the jail's disk limit onto the data dir's filesystem. A tmpfs is
+// bounded, and its pages are charged to the memory of whoever writes them
+// (the jail, for everything but the config the daemon writes).
+//
+// A jail started again keeps its tmpfs and its init's log (its last
+// maxKeptLog bytes); everything else there is from the last run (the
+// jail's manager has taken the recordings out before the start) and is
+// removed, so that what the jail's root left cannot take the room the
+// next run needs.
+func mountControl(inst backend.Instance, p paths) error {
 	if err := os.MkdirAll(p.control, 0o700); err != nil {
 		return fmt.Errorf("control dir: %w", err)
 	}
+	mounted, err := storage.IsMounted(p.control)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		return clearControl(p.control)
+	}
+	owner := 0
 	if userns(inst.Config) {
-		if err := os.Chown(p.control, UIDMapBase, UIDMapBase); err != nil {
+		owner = UIDMapBase
+	}
+	opts := fmt.Sprintf("size=%d,mode=0700,uid=%d,gid=%d", controlBytes(inst.Config.Isolation.Resources.MemoryBytes), owner, owner)
+	if err := unix.Mount("agentjail-control", p.control, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("control dir: mount tmpfs: %w", err)
+	}
+	return nil
+}
+
+// maxKeptLog is how much of init's log a jail started again keeps.
+const maxKeptLog = 256 << 10
+
+// clearControl removes what a control directory holds but init's log, and
+// cuts the log to its last maxKeptLog bytes.
+func clearControl(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	for _, e := range ents {
+		if e.Name() == initproto.LogName && e.Type().IsRegular() {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 			return fmt.Errorf("control dir: %w", err)
 		}
+	}
+	log := filepath.Join(dir, initproto.LogName)
+	fi, err := os.Lstat(log)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && fi.Size() <= maxKeptLog) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	f, err := os.OpenFile(log, os.O_RDWR|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	defer f.Close()
+	tail := make([]byte, maxKeptLog)
+	if _, err := f.ReadAt(tail, fi.Size()-maxKeptLog); err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	if err := f.Truncate(0); err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	if _, err := f.WriteAt(tail, 0); err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	return nil
+}
+
+func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string]string) error {
+	if err := mountControl(inst, p); err != nil {
+		return err
 	}
 	cfg := inst.Config
 	// Init adds HOSTNAME itself, from the UTS namespace.
@@ -856,7 +937,7 @@ func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	errs = append(errs, cgroups.Kill(kctx, p.cgroup))
 	cancel()
-	errs = append(errs, hostjail.Release(ctx, b.net, b.opts.Pool, inst.ID, []string{p.merged}, p.disk, p.netns)...)
+	errs = append(errs, hostjail.Release(ctx, b.net, b.opts.Pool, inst.ID, []string{p.merged, p.control}, p.disk, p.netns)...)
 	return errors.Join(errs...)
 }
 

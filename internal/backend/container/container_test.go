@@ -10,10 +10,13 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentjail/agentjail/internal/backend"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initproto"
+	"github.com/agentjail/agentjail/internal/storage"
 	"github.com/agentjail/agentjail/internal/testenv"
 )
 
@@ -125,6 +128,8 @@ func TestWriteControl(t *testing.T) {
 		if err := b.writeControl(inst, p, map[string]string{"HTTP_PROXY": "http://10.88.0.1:3128"}); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { storage.Unmount(p.control) })
+		controlIsBounded(t, p.control, controlBytes(c.Isolation.Resources.MemoryBytes))
 		data, err := os.ReadFile(filepath.Join(p.control, initproto.ConfigName))
 		if err != nil {
 			t.Fatal(err)
@@ -157,5 +162,45 @@ func TestWriteControl(t *testing.T) {
 		if got := b.IDShift(inst); got != wantOwner {
 			t.Errorf("user namespace %v: IDShift %d, want %d", userNS, got, wantOwner)
 		}
+		// Written again before the next start, it keeps what init wrote.
+		if err := os.WriteFile(filepath.Join(p.control, initproto.LogName), []byte("before\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.writeControl(inst, p, nil); err != nil {
+			t.Fatal(err)
+		}
+		if data, err := os.ReadFile(filepath.Join(p.control, initproto.LogName)); err != nil || string(data) != "before\n" {
+			t.Errorf("init's log after the control dir was written again: %q %v", data, err)
+		}
+		if err := storage.Unmount(p.control); err != nil {
+			t.Fatal(err)
+		}
+		if mounted, err := storage.IsMounted(p.control); err != nil || mounted {
+			t.Errorf("the control dir is still mounted after its unmount: %v", err)
+		}
+	}
+}
+
+// controlIsBounded fails the test unless dir is a tmpfs of size bytes that
+// refuses a write past them (what the jail's root could otherwise write
+// there would land on the data dir's disk, past the jail's own).
+func controlIsBounded(t *testing.T, dir string, size int64) {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Type != unix.TMPFS_MAGIC || int64(st.Blocks)*st.Bsize != size {
+		t.Fatalf("control dir: filesystem type %#x of %d bytes, want a tmpfs of %d", st.Type, int64(st.Blocks)*st.Bsize, size)
+	}
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	n, err := f.Write(make([]byte, size+1<<20))
+	if !errors.Is(err, unix.ENOSPC) || int64(n) > size {
+		t.Fatalf("writing past the control dir's bound: %d bytes written, %v", n, err)
 	}
 }
