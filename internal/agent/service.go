@@ -39,12 +39,16 @@ type Jails interface {
 	// WritableLayer returns a created, not yet started jail's lower tree
 	// and writable layer on the host.
 	WritableLayer(ctx context.Context, ref string) (lower, upper string, err error)
+	// ProjectCache returns the host directory, on a bounded disk of its
+	// own, of the package caches of the project named key
+	// (workspace.CacheKey).
+	ProjectCache(key string) (string, error)
 }
 
 // Options configure a Service.
 type Options struct {
-	// DataDir is the daemon's data dir: project caches go to
-	// DataDir/caches, sync state to DataDir/sync, and the daemon-wide home
+	// DataDir is the daemon's data dir: sync state goes to
+	// DataDir/sync, and the daemon-wide home
 	// templates are read from DataDir/agent-home/<agent>/.
 	DataDir string
 	// ToolsDir holds the installed tools (default DataDir/tools).
@@ -193,7 +197,11 @@ func (s *Service) Create(ctx context.Context, req model.CreateRequest) (*model.J
 		ws.Commit = src.Commit
 		if *ws.Caches {
 			o, home := jailUser(&cfg)
-			mounts, err := workspace.Caches(filepath.Join(s.opts.DataDir, "caches"), ws.Repo, home, workspace.Owner{UID: o.UID, GID: o.GID})
+			dir, err := s.jails.ProjectCache(workspace.CacheKey(ws.Repo))
+			if err != nil {
+				return nil, err
+			}
+			mounts, err := workspace.Caches(dir, ws.Repo, home, workspace.Owner{UID: o.UID, GID: o.GID})
 			if err != nil {
 				return nil, err
 			}

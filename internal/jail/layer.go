@@ -2,6 +2,12 @@ package jail
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/model"
@@ -31,4 +37,38 @@ func (m *Manager) WritableLayer(ctx context.Context, ref string) (lower, upper s
 		return "", "", err
 	}
 	return lb.Layers(m.instance(e))
+}
+
+// ProjectCacheBytes is the size of each project's package cache disk.
+const ProjectCacheBytes = 8 << 30
+
+// cacheMu serialises the making of project cache disks.
+var cacheMu sync.Mutex
+
+// ProjectCache returns the host directory of the package caches of the
+// project named key (a hex digest), mounted from a disk of its own in the
+// storage pool (ProjectCacheBytes, made the first time): its jails write
+// there read-write, so it must not be the data dir's own disk, which a jail
+// could fill without bound. The disk stays mounted for the project's later
+// jails (a daemon started again finds it mounted) until the data dir is torn
+// down.
+func (m *Manager) ProjectCache(key string) (string, error) {
+	if len(key) == 0 || strings.Trim(key, "0123456789abcdef") != "" {
+		return "", errdefs.Invalidf("project cache: key %q is not a hex digest", key)
+	}
+	dir := filepath.Join(m.opts.DataDir, "caches", key)
+	id := "cache-" + key
+	cacheMu.Lock()
+	defer cacheMu.Unlock()
+	err := m.pool.MountDisk(id, dir)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		if err = m.pool.CreateDisk(id, ProjectCacheBytes, dir); err == nil {
+			// The disk comes with a jail's layer directories.
+			err = errors.Join(os.Remove(filepath.Join(dir, "upper")), os.Remove(filepath.Join(dir, "work")))
+		}
+	}
+	if err != nil {
+		return "", fmt.Errorf("project cache: %w", err)
+	}
+	return dir, nil
 }

@@ -1067,6 +1067,8 @@ func Teardown(ctx context.Context, opts Options) error {
 		}
 	}
 	errs = append(errs, m.snaps.store.RemoveAll())
+	// The project caches' disks, mounted until now.
+	errs = append(errs, storage.UnmountAll(filepath.Join(dataDir, "caches")))
 	errs = append(errs, m.Close())
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -237,13 +237,17 @@ var CacheDirs = map[string]string{
 	"cargo": ".cargo/registry",
 }
 
-// Caches makes (once) the package cache directories of the project repo
-// under root (ROOT/<project key>/<name>), owned by o, and returns them
-// as read-write mounts at the jail user's home. Every jail of the project
-// shares them.
-func Caches(root, repo, home string, o Owner) ([]config.Mount, error) {
+// CacheKey names the package caches of the project repo.
+func CacheKey(repo string) string {
 	sum := sha256.Sum256([]byte(strings.TrimSuffix(repo, "/")))
-	dir := filepath.Join(root, hex.EncodeToString(sum[:8]))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Caches makes (once) the package cache directories of the project repo
+// in dir (the project's, named by CacheKey: DIR/<name>), owned by o, and
+// returns them as read-write mounts at the jail user's home. Every jail of
+// the project shares them.
+func Caches(dir, repo, home string, o Owner) ([]config.Mount, error) {
 	var out []config.Mount
 	for _, name := range []string{"cargo", "go", "npm", "pip"} {
 		d := filepath.Join(dir, name)
