@@ -101,8 +101,9 @@ type Tracing struct {
 	// Pcap captures the jail's traffic on its host-side interface to
 	// events/capture.pcap (readable by tshark and Wireshark).
 	Pcap bool `json:"pcap,omitempty"`
-	// MaxFileBytes bounds each of the jail's event files (0:
-	// DefaultEventFileBytes; MinEventFileBytes to MaxEventFileBytes).
+	// MaxFileBytes bounds each of the jail's event files and its packet
+	// capture (0: DefaultEventFileBytes; MinEventFileBytes to
+	// MaxEventFileBytes).
 	// Past it the file's events are counted lost instead of written (the
 	// live stream still has them), so one jail's flood of events cannot
 	// fill the data dir that every jail's record shares.

@@ -204,7 +204,7 @@ func (m *Manager) observeStart(e *entry, b backend.Backend, st backend.Status) (
 			reasons = append(reasons, fmt.Sprintf("no packet capture: the jail has no network link the host can capture on (mode none or host, or the %s level)", level))
 		} else {
 			name := fmt.Sprintf("capture-%s.pcap", time.Now().UTC().Format("20060102T150405"))
-			if o.capture, err = netcap.StartCapture(ob.NetInterface, filepath.Join(dir, name)); err != nil {
+			if o.capture, err = netcap.StartCapture(ob.NetInterface, filepath.Join(dir, name), opts.MaxFileBytes); err != nil {
 				return fmt.Errorf("packet capture: %w", err)
 			}
 		}
@@ -355,10 +355,12 @@ func (m *Manager) stopObservation(jailID string, o *observation) {
 		o.fan = nil
 	}
 	if o.capture != nil {
-		if _, dropped, err := o.capture.Stop(); err != nil || dropped > 0 {
-			m.log.Warn("packet capture ended", "jail", jailID, "dropped", dropped, "err", err)
+		if _, dropped, err := o.capture.Stop(); err != nil || dropped > 0 || o.capture.OverBound() > 0 {
+			m.log.Warn("packet capture ended", "jail", jailID, "dropped", dropped, "over_bound", o.capture.OverBound(), "err", err)
 		}
+		o.mu.Lock()
 		o.capture = nil
+		o.mu.Unlock()
 	}
 	o.mu.Lock()
 	err := o.rec.Close()
@@ -477,6 +479,7 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	}
 	o.mu.Lock()
 	o.agg.fill(r)
+	capture := o.capture
 	o.mu.Unlock()
 	// A full data dir, or an event file at its bound, loses events but
 	// not the jail: say so here.
@@ -494,6 +497,13 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 				why = "tracing.max_file_bytes; "
 			}
 			msg := fmt.Sprintf("event files: %v (%s%d events not written so far)", err, why, lost)
+			r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
+		}
+	}
+	if capture != nil {
+		if n := capture.OverBound(); n > 0 {
+			r.Lost[lostPcap] = n
+			msg := fmt.Sprintf("packet capture: its file reached its bound (tracing.max_file_bytes; %d packets not written so far)", n)
 			r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
 		}
 	}
@@ -522,6 +532,9 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 const (
 	lostDisk  = "disk"
 	lostBound = "limit"
+	// lostPcap counts the packets left out of the capture file past its
+	// bound.
+	lostPcap = "pcap"
 )
 
 // maxPaths and maxExited bound the aggregates of a long-running jail.

@@ -116,7 +116,8 @@ type Report struct {
 	// Lost counts dropped events by source: the kernel ring buffer
 	// ("kernel"), the JSONL writer falling behind ("writer"), a full data
 	// dir ("disk"), event files at their bound ("limit"), the network
-	// tracer ("network").
+	// tracer ("network"), and packets past the capture file's bound
+	// ("pcap").
 	Lost map[string]uint64 `json:"lost"`
 	// DNS counts the jail's queries to the daemon's DNS: answered, and
 	// dropped (absent when the jail has no network attached).

@@ -200,7 +200,7 @@ func TestNetFlowsMatchTshark(t *testing.T) {
 	pcap := filepath.Join(t.TempDir(), "jail.pcap")
 	var capt *netcap.Capture
 	if err := inNetns(n.serverNS, func() (err error) {
-		capt, err = netcap.StartCapture(serverIf, pcap)
+		capt, err = netcap.StartCapture(serverIf, pcap, 0)
 		return err
 	}); err != nil {
 		t.Fatal(err)

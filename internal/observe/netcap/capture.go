@@ -35,12 +35,18 @@ type Capture struct {
 	f      *os.File
 	bw     *bufio.Writer
 	w      *pcapWriter
+	// maxBytes bounds the file (0: no bound); size is what it holds (the
+	// reader's).
+	maxBytes, size int64
 
 	mu      sync.Mutex
 	stopAt  time.Time // zero while running
 	done    chan struct{}
 	packets uint64
-	err     error // why the reader stopped early
+	// overBound counts the packets left out because the file reached
+	// maxBytes.
+	overBound uint64
+	err       error // why the reader stopped early
 
 	stopOnce sync.Once
 	result   stopResult
@@ -53,11 +59,12 @@ type stopResult struct {
 
 // StartCapture starts recording the packets of interface ifname to a new
 // pcap file at path (created with mode 0600; an existing file is a
-// conflict). The interface is looked up, and the capture socket created,
-// in the network namespace of the calling thread. The capture runs until
-// Stop, or until the interface goes away. On error nothing is left behind
-// (no socket, no file).
-func StartCapture(ifname, path string) (*Capture, error) {
+// conflict), of at most maxBytes (0: no bound; the packets past it are
+// counted, see OverBound). The interface is looked up, and the capture
+// socket created, in the network namespace of the calling thread. The
+// capture runs until Stop, or until the interface goes away. On error
+// nothing is left behind (no socket, no file).
+func StartCapture(ifname, path string, maxBytes int64) (*Capture, error) {
 	if ifname == "" {
 		return nil, errdefs.Invalidf("capture: interface: must not be empty")
 	}
@@ -87,7 +94,7 @@ func StartCapture(ifname, path string) (*Capture, error) {
 		}
 		return nil, fmt.Errorf("capture: create %s: %w", path, err)
 	}
-	c := &Capture{ifname: ifname, path: path, tp: tp, f: f, done: make(chan struct{})}
+	c := &Capture{ifname: ifname, path: path, tp: tp, f: f, done: make(chan struct{}), maxBytes: maxBytes, size: pcapFileHeader}
 	c.bw = bufio.NewWriterSize(f, 1<<20)
 	c.w = &pcapWriter{w: c.bw}
 	if err := c.w.writeFileHeader(captureSnaplen); err != nil {
@@ -111,6 +118,14 @@ func (c *Capture) run() {
 			if len(data) > captureSnaplen {
 				data = data[:captureSnaplen]
 			}
+			rec := int64(pcapRecordHeader + len(data))
+			if c.maxBytes > 0 && c.size+rec > c.maxBytes {
+				c.mu.Lock()
+				c.overBound++
+				c.mu.Unlock()
+				continue
+			}
+			c.size += rec
 			if werr := c.w.writePacket(ci.Timestamp, ci.Length, data); werr != nil {
 				c.fail(fmt.Errorf("capture: write %s: %w", c.path, werr))
 				return
@@ -143,6 +158,14 @@ func (c *Capture) fail(err error) {
 	c.mu.Lock()
 	c.err = err
 	c.mu.Unlock()
+}
+
+// OverBound returns how many packets were left out so far because the
+// file reached its bound.
+func (c *Capture) OverBound() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.overBound
 }
 
 // Packets returns how many packets were written so far.

@@ -123,7 +123,7 @@ func TestCaptureBurst(t *testing.T) {
 	var c *Capture
 	var send *net.UDPConn
 	if err := inNetns(a, func() (err error) {
-		if c, err = StartCapture("cap-a", pcap); err != nil {
+		if c, err = StartCapture("cap-a", pcap, 0); err != nil {
 			return err
 		}
 		send, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addrB, 7000)))
@@ -184,7 +184,7 @@ func TestCaptureInterfaceGone(t *testing.T) {
 	pcap := filepath.Join(t.TempDir(), "gone.pcap")
 	var c *Capture
 	if err := inNetns(a, func() (err error) {
-		c, err = StartCapture("cap-a", pcap)
+		c, err = StartCapture("cap-a", pcap, 0)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -226,13 +226,13 @@ func TestStartCaptureErrors(t *testing.T) {
 	}
 	fdsBefore := openFDs(t)
 	err := inNetns(a, func() error {
-		if _, err := StartCapture("cap-missing", filepath.Join(dir, "x.pcap")); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := StartCapture("cap-missing", filepath.Join(dir, "x.pcap"), 0); !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("missing interface: %v, want not found", err)
 		}
-		if _, err := StartCapture("cap-a", existing); !errors.Is(err, errdefs.ErrConflict) {
+		if _, err := StartCapture("cap-a", existing, 0); !errors.Is(err, errdefs.ErrConflict) {
 			return fmt.Errorf("existing file: %v, want conflict", err)
 		}
-		if _, err := StartCapture("", existing); !errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := StartCapture("", existing, 0); !errors.Is(err, errdefs.ErrInvalid) {
 			return fmt.Errorf("empty interface: %v, want invalid", err)
 		}
 		return nil
@@ -255,4 +255,54 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(es)
+}
+
+// TestCaptureBound sends more traffic over a veth than a bounded capture
+// file holds: the file stays within its bound and reads whole with tshark,
+// and every packet it left out is counted.
+func TestCaptureBound(t *testing.T) {
+	testenv.RequireRoot(t)
+	tshark := testenv.RequireTool(t, "tshark")
+	a, _ := vethPair(t)
+	const bound = 64 << 10
+	pcap := filepath.Join(t.TempDir(), "bound.pcap")
+	var c *Capture
+	var send *net.UDPConn
+	if err := inNetns(a, func() (err error) {
+		if c, err = StartCapture("cap-a", pcap, bound); err != nil {
+			return err
+		}
+		send, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addrB, 7001)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer send.Close()
+	sent := 0
+	for range 500 { // about 500 KiB
+		if _, err := send.Write(make([]byte, 1000)); err == nil {
+			sent++
+		}
+	}
+	packets, _, err := c.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > bound {
+		t.Errorf("the capture file holds %d bytes, its bound is %d", st.Size(), bound)
+	}
+	out, err := exec.Command(tshark, "-r", pcap, "-T", "fields", "-e", "frame.number").Output()
+	if err != nil {
+		t.Fatalf("tshark: %v", err)
+	}
+	if frames := len(strings.Fields(string(out))); uint64(frames) != packets {
+		t.Errorf("tshark reads %d frames, Stop reported %d", frames, packets)
+	}
+	if over := c.OverBound(); over == 0 || packets+over < uint64(sent) {
+		t.Errorf("%d packets written and %d counted over the bound, of %d datagrams sent", packets, over, sent)
+	}
 }

@@ -16,6 +16,9 @@ import (
 const (
 	pcapMagicNanos   = 0xa1b23c4d
 	pcapLinkEthernet = 1
+	// The sizes of the file's header and of each record's.
+	pcapFileHeader   = 24
+	pcapRecordHeader = 16
 )
 
 // pcapWriter writes a pcap stream.
