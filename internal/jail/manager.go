@@ -839,6 +839,9 @@ func (m *Manager) Stop(ctx context.Context, ref string, grace time.Duration) (*m
 		m.setState(e, func(j *model.Jail) { j.Status = model.StateError; j.Error = err.Error() })
 		return nil, err
 	}
+	// Stored now, the run's recordings no longer hold the control dir's
+	// room (memory, at some levels) while the jail is stopped.
+	m.finalizeRecordings(e, false)
 	now := time.Now().UTC()
 	m.setState(e, func(j *model.Jail) { j.Status = model.StateStopped; j.Pid = 0; j.StoppedAt = &now })
 	return e.view(), nil

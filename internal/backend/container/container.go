@@ -447,7 +447,7 @@ func mountControl(inst backend.Instance, p paths) error {
 		return err
 	}
 	if mounted {
-		return clearControl(p.control)
+		return clearControl(p.control, false)
 	}
 	owner := 0
 	if userns(inst.Config) {
@@ -463,15 +463,26 @@ func mountControl(inst backend.Instance, p paths) error {
 // maxKeptLog is how much of init's log a jail started again keeps.
 const maxKeptLog = 256 << 10
 
-// clearControl removes what a control directory holds but init's log, and
-// cuts the log to its last maxKeptLog bytes.
-func clearControl(dir string) error {
+// clearControl removes what a control directory holds but init's log (cut
+// to its last maxKeptLog bytes) and, with recordings, the recordings there
+// (regular files named *.cast or *.cast.part) that the jail's manager is
+// still to store.
+func clearControl(dir string, recordings bool) error {
 	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("control dir: %w", err)
 	}
 	for _, e := range ents {
 		if e.Name() == initproto.LogName && e.Type().IsRegular() {
+			continue
+		}
+		if recordings && e.Name() == initproto.RecordingsName && e.IsDir() {
+			if err := clearRecordings(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
@@ -500,6 +511,24 @@ func clearControl(dir string) error {
 	}
 	if _, err := f.WriteAt(tail, 0); err != nil {
 		return fmt.Errorf("control dir: %w", err)
+	}
+	return nil
+}
+
+// clearRecordings removes what a recordings directory holds but
+// recordings.
+func clearRecordings(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("control dir: %w", err)
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() && (strings.HasSuffix(e.Name(), ".cast") || strings.HasSuffix(e.Name(), ".cast.part")) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("control dir: %w", err)
+		}
 	}
 	return nil
 }
@@ -895,6 +924,11 @@ func (b *Backend) Stop(ctx context.Context, inst backend.Instance, grace time.Du
 	}
 	err = b.kill(ctx, inst.ID, pid)
 	b.detach(ctx, inst)
+	if err == nil {
+		// The run's control dir holds memory (a tmpfs) while the jail is
+		// stopped: only init's log and the recordings stay.
+		err = clearControl(b.paths(inst).control, true)
+	}
 	return err
 }
 

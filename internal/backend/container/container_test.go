@@ -1,6 +1,7 @@
 package container
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -202,5 +203,58 @@ func controlIsBounded(t *testing.T, dir string, size int64) {
 	n, err := f.Write(make([]byte, size+1<<20))
 	if !errors.Is(err, unix.ENOSPC) || int64(n) > size {
 		t.Fatalf("writing past the control dir's bound: %d bytes written, %v", n, err)
+	}
+}
+
+// TestClearControl: what a run leaves in its control dir goes, but for
+// init's log (its end) and, when the jail stops, the recordings its
+// manager is still to store.
+func TestClearControl(t *testing.T) {
+	dir := t.TempDir()
+	rec := filepath.Join(dir, initproto.RecordingsName)
+	log := bytes.Repeat([]byte("0123456789abcdef"), 20<<10) // 320 KiB
+	files := map[string][]byte{
+		initproto.LogName: log, initproto.ConfigName: []byte("{}"), "junk": []byte("x"), "junkdir/x": []byte("x"),
+		initproto.RecordingsName + "/s1.cast": []byte("a"), initproto.RecordingsName + "/s2.cast.part": []byte("b"),
+		initproto.RecordingsName + "/filler": []byte("c"), initproto.RecordingsName + "/sub/s3.cast": []byte("d"),
+	}
+	for name, data := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := func(d string) []string {
+		ents, _ := os.ReadDir(d)
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	if err := clearControl(dir, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(dir); !slices.Equal(got, []string{initproto.LogName, initproto.RecordingsName}) {
+		t.Errorf("after a stop the control dir holds %v", got)
+	}
+	if got := names(rec); !slices.Equal(got, []string{"s1.cast", "s2.cast.part"}) {
+		t.Errorf("after a stop the recordings dir holds %v", got)
+	}
+	kept, err := os.ReadFile(filepath.Join(dir, initproto.LogName))
+	if err != nil || len(kept) != maxKeptLog || !bytes.HasSuffix(log, kept) {
+		t.Errorf("init's log: %d bytes kept (%v), want its last %d", len(kept), err, maxKeptLog)
+	}
+	if err := clearControl(dir, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(dir); !slices.Equal(got, []string{initproto.LogName}) {
+		t.Errorf("before a start the control dir holds %v", got)
+	}
+	if err := clearControl(filepath.Join(dir, "none"), true); err != nil {
+		t.Errorf("a control dir that is not there: %v", err)
 	}
 }
