@@ -16,6 +16,7 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -598,7 +599,7 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 		p.kill()
 		return c.sendJSON(initproto.MsgOK, nil)
 	case initproto.MsgList:
-		return c.sendJSON(initproto.MsgOK, s.list())
+		return c.sendJSON(initproto.MsgOK, fitList(s.list()))
 	case initproto.MsgAttach:
 		var req initproto.AttachRequest
 		if err := initproto.Decode(t, payload, &req); err != nil {
@@ -709,6 +710,68 @@ func (s *Server) signal(req initproto.SignalRequest) error {
 }
 
 // list describes the running commands, ordered by pid.
+// fitList cuts the command lines (and working directories) of list so
+// that its answer fits one frame. A command's arguments may be as long as
+// the kernel takes (2 MiB), and as many commands may run as the jail's
+// pids limit allows (4096). When the list may not fit (its strings
+// counted as JSON escapes them at worst, six bytes a byte), each command
+// gets an equal share. The list's own Argv slices are left as they are.
+func fitList(list []initproto.ProcessInfo) []initproto.ProcessInfo {
+	const (
+		room = initproto.MaxPayload - 4<<10
+		// fixed is what a command's entry takes besides its strings, with
+		// the marks of what was cut.
+		fixed = 300
+	)
+	worst := 0
+	for _, p := range list {
+		worst += fixed + 6*(len(p.Cwd)+len(p.User))
+		for _, a := range p.Argv {
+			worst += 6 * (len(a) + 3)
+		}
+	}
+	if worst <= room {
+		return list
+	}
+	share := (room/len(list) - fixed) / 6
+	for i := range list {
+		p := &list[i]
+		p.User = cutString(p.User, 32)
+		p.Cwd = cutString(p.Cwd, max(share/4, 32))
+		p.Argv = cutArgv(p.Argv, share-len(p.Cwd)-len(p.User))
+	}
+	return list
+}
+
+// cutArgv returns argv in about share bytes (an argument counting 3 more,
+// for its quotes and comma): its first arguments whole while they fit, the
+// next one cut to what is left, and "…N more" for the arguments left out.
+func cutArgv(argv []string, share int) []string {
+	var out []string
+	left := share
+	for i, a := range argv {
+		if left <= 3 {
+			return append(out, fmt.Sprintf("…%d more", len(argv)-i))
+		}
+		a = cutString(a, left-3)
+		out = append(out, a)
+		left -= len(a) + 3
+	}
+	return out
+}
+
+// cutString returns s, or when it is longer than n bytes its start (cut at
+// a character) and "…".
+func cutString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
 func (s *Server) list() []initproto.ProcessInfo {
 	s.mu.Lock()
 	out := make([]initproto.ProcessInfo, 0, len(s.procs))
