@@ -281,7 +281,7 @@ func (r *Resources) validate(h Host) error {
 		{"cpu_shares", int64(r.CPUShares), 2, MaxCPUShares, ""},
 		{"memory_bytes", r.MemoryBytes, MinMemory, MaxMemory, "bytes"},
 		{"disk_bytes", r.DiskBytes, MinDisk, MaxDisk, "bytes"},
-		{"pids_limit", r.PidsLimit, MinPids, MaxPids, "(agentjail's init and a running command's shim use about 14 of them)"},
+		{"pids_limit", r.PidsLimit, MinPids, MaxPids, "(agentjail's init and a running command's shim use about 23 of them)"},
 		{"cpu_period", int64(r.CPUPeriod), 1000, 1000000, "µs"},
 	}
 	for _, b := range bounds {

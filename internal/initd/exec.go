@@ -247,6 +247,12 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	}
 
 	sh, err := s.shims.get()
+	if errors.Is(err, unix.EAGAIN) {
+		// Out of processes: the command could not start, as a shell's
+		// fork would say.
+		s.log.Printf("exec %q: %v", req.Argv[0], err)
+		return sendStartFailure(c, execFailure(req.Argv[0], unix.EAGAIN), initproto.MsgStderr)
+	}
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 // fileOp runs one file operation. Every path is resolved inside the
 // server's root (see fsRoot); paths whose resolved form is blocked are
 // refused.
-func (s *Server) fileOp(c *conn, t initproto.MsgType, payload []byte) error {
+func (s *Server) fileOp(c *conn, th *opThread, t initproto.MsgType, payload []byte) error {
 	switch t {
 	case initproto.MsgStat:
 		var req initproto.PathRequest
@@ -47,19 +47,19 @@ func (s *Server) fileOp(c *conn, t initproto.MsgType, payload []byte) error {
 		if err := decodeReq(t, payload, &req); err != nil {
 			return err
 		}
-		return s.listDir(c, req)
+		return s.listDir(c, th, req)
 	case initproto.MsgReadFile:
 		var req initproto.PathRequest
 		if err := decodeReq(t, payload, &req); err != nil {
 			return err
 		}
-		return s.readFile(c, req.Path)
+		return s.readFile(c, th, req.Path)
 	case initproto.MsgWriteFile:
 		var req initproto.WriteRequest
 		if err := decodeReq(t, payload, &req); err != nil {
 			return err
 		}
-		return s.writeFile(c, &req)
+		return s.writeFile(c, th, &req)
 	case initproto.MsgMkdir:
 		var req initproto.MkdirRequest
 		if err := decodeReq(t, payload, &req); err != nil {
@@ -251,7 +251,7 @@ const listChunk = 256
 // tells it that there are more), then sends OK with whether the listing is
 // truncated, the entries sorted by name in Data frames, and EOF. Init
 // holds the names it read and no more.
-func (s *Server) listDir(c *conn, req initproto.ListDirRequest) error {
+func (s *Server) listDir(c *conn, th *opThread, req initproto.ListDirRequest) error {
 	if req.Limit < 1 || req.Limit > initproto.MaxListDir {
 		return newError(initproto.KindInvalid, "", "limit %d: must be 1..%d", req.Limit, initproto.MaxListDir)
 	}
@@ -276,26 +276,28 @@ func (s *Server) listDir(c *conn, req initproto.ListDirRequest) error {
 		names = names[:req.Limit]
 	}
 	infos := describeNames(int(f.Fd()), p, names)
-	if err := c.sendJSON(initproto.MsgOK, initproto.ListDirAnswer{Truncated: truncated}); err != nil {
-		return err
-	}
-	for len(infos) > 0 {
-		n := min(len(infos), listChunk)
-		b, err := json.Marshal(infos[:n])
-		if err != nil {
+	return th.off(func() error {
+		if err := c.sendJSON(initproto.MsgOK, initproto.ListDirAnswer{Truncated: truncated}); err != nil {
 			return err
 		}
-		if err := c.send(initproto.MsgData, b); err != nil {
-			return err
+		for len(infos) > 0 {
+			n := min(len(infos), listChunk)
+			b, err := json.Marshal(infos[:n])
+			if err != nil {
+				return err
+			}
+			if err := c.send(initproto.MsgData, b); err != nil {
+				return err
+			}
+			infos = infos[n:]
 		}
-		infos = infos[n:]
-	}
-	return c.send(initproto.MsgEOF, nil)
+		return c.send(initproto.MsgEOF, nil)
+	})
 }
 
 // readFile streams a regular file (following symlinks inside the root):
 // OK with its FileInfo, then Data frames and EOF.
-func (s *Server) readFile(c *conn, p string) error {
+func (s *Server) readFile(c *conn, th *opThread, p string) error {
 	p, err := cleanPath("path", p)
 	if err != nil {
 		return err
@@ -326,19 +328,19 @@ func (s *Server) readFile(c *conn, p string) error {
 	}
 	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
-	if err := c.sendJSON(initproto.MsgOK, fileInfo(p, &st)); err != nil {
+	if err := th.off(func() error { return c.sendJSON(initproto.MsgOK, fileInfo(p, &st)) }); err != nil {
 		return nil
 	}
 	buf := make([]byte, initproto.ChunkSize)
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
-			if err := c.send(initproto.MsgData, buf[:n]); err != nil {
+			if err := th.off(func() error { return c.send(initproto.MsgData, buf[:n]) }); err != nil {
 				return nil
 			}
 		}
 		if err == io.EOF {
-			_ = c.send(initproto.MsgEOF, nil)
+			_ = th.off(func() error { return c.send(initproto.MsgEOF, nil) })
 			return nil
 		}
 		if err != nil {
@@ -364,7 +366,7 @@ func (s *Server) writeIdentity(user string) (*identity, error) {
 // and a file with several hard links is replaced, never written through,
 // so a link pointing elsewhere is not modified. A replaced file's mode and
 // owner are kept unless the request sets them.
-func (s *Server) writeFile(c *conn, req *initproto.WriteRequest) error {
+func (s *Server) writeFile(c *conn, th *opThread, req *initproto.WriteRequest) error {
 	p, err := cleanPath("path", req.Path)
 	if err != nil {
 		return err
@@ -424,11 +426,16 @@ func (s *Server) writeFile(c *conn, req *initproto.WriteRequest) error {
 	if err := unix.Fchown(fd, uid, gid); err != nil {
 		return pathError("write", p, err)
 	}
-	if err := c.sendJSON(initproto.MsgOK, nil); err != nil {
+	if err := th.off(func() error { return c.sendJSON(initproto.MsgOK, nil) }); err != nil {
 		return nil
 	}
 	for {
-		t, data, err := c.read()
+		var t initproto.MsgType
+		var data []byte
+		err := th.off(func() (err error) {
+			t, data, err = c.read()
+			return err
+		})
 		if err != nil {
 			return nil // the client went away; nothing is committed
 		}

@@ -120,6 +120,9 @@ func Run(dir string, l net.Listener, ready func() error) error {
 	if err := protectSelf(); err != nil {
 		return err
 	}
+	// Every thread init will need, now: a full jail cannot give it one
+	// later (threads.go).
+	reserveThreads(initThreads)
 	// Descriptors inherited beyond stdio must not reach shims and commands.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)

@@ -10,7 +10,6 @@ import (
 	"log"
 	"net"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -64,6 +63,7 @@ type Server struct {
 	log       *log.Logger
 	reaper    *reaper
 	shims     *shimPool
+	threads   jailThreads
 	devnull   int
 	recordDir string
 
@@ -140,6 +140,7 @@ func NewServer(opts Options) (*Server, error) {
 		peerCheck:    opts.PeerCheck,
 		log:          opts.Log,
 		reaper:       newReaper(opts.ReapAll),
+		threads:      newJailThreads(),
 		devnull:      devnull,
 		recordDir:    opts.RecordDir,
 		procs:        make(map[int]*process),
@@ -664,25 +665,9 @@ func (s *Server) dispatch(c *conn, t initproto.MsgType, payload []byte) error {
 		return s.dialPort(c, req)
 	case initproto.MsgStat, initproto.MsgReadDir, initproto.MsgListDir, initproto.MsgReadFile, initproto.MsgWriteFile,
 		initproto.MsgMkdir, initproto.MsgSymlink, initproto.MsgRemove, initproto.MsgRename, initproto.MsgAccess:
-		return recorded(func() error { return s.fileOp(c, t, payload) })
+		return s.threads.recorded(func(th *opThread) error { return s.fileOp(c, th, t, payload) })
 	}
 	return newError(initproto.KindInvalid, "", "unknown request type %s", t)
-}
-
-// recorded runs f, a files API operation, on a thread of its own that the
-// jail's observation records: init's other calls (serving execs, keeping
-// connections) are plumbing and left out of the syscall stream, while the
-// file operations it makes for the API are the jail's activity. The
-// goroutine stays on the marked thread until it is unmarked, and no other
-// goroutine runs there meanwhile.
-func recorded(f func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	// An error (EINVAL) is the expected answer: the option is a mark for
-	// the tracer, not one the kernel acts on.
-	_ = unix.Prctl(initproto.RecordOption, 1, 0, 0, 0)
-	defer unix.Prctl(initproto.RecordOption, 0, 0, 0, 0)
-	return f()
 }
 
 // process returns the running command with in-jail pid, or nil.

@@ -40,6 +40,7 @@ const (
 	shimMsgKill    = 'k' // init → shim: kill the command's tree (or the leftovers)
 	shimMsgStarted = 's' // shim → init: shimStarted
 	shimMsgExit    = 'x' // shim → init: shimExit
+	shimMsgReady   = 'y' // shim → init, once: started, with its threads made (no body)
 )
 
 // shimCtrlFd is the shim's control socket.
@@ -106,6 +107,9 @@ func runShim(ll *initproto.Landlock) int {
 		fmt.Fprintf(os.Stderr, "agentjail shim: %v\n", err)
 		return 1
 	}
+	// Every thread the shim will need, now: a shim in a jail whose pids
+	// limit is reached cannot make one (threads.go).
+	reserveThreads(shimThreads)
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: set child subreaper: %v\n", err)
 		return 1
@@ -134,6 +138,10 @@ func runShim(ll *initproto.Landlock) int {
 		return 1
 	}
 	s := &shim{w: w, buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4))}
+	if _, err := unix.Write(shimCtrlFd, []byte{shimMsgReady}); err != nil {
+		fmt.Fprintf(os.Stderr, "agentjail shim: report ready to init: %v\n", err)
+		return 1
+	}
 	for {
 		m := s.recv()
 		switch {

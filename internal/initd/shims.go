@@ -291,7 +291,43 @@ func (sp *shimPool) spawn() (*shimProc, error) {
 		return nil, fmt.Errorf("start shim %s: %w", sp.path, err)
 	}
 	sh.pid = pid
+	if err := sh.awaitReady(); err != nil {
+		return nil, err
+	}
 	return sh, nil
+}
+
+// awaitReady waits for a new shim's ready message; on error the shim is
+// gone. The Go runtime ends a process that cannot make a thread it needs
+// with exit status 2: a shim that ends so before it is ready met the
+// jail's pids limit (or its memory's), and the error says so and wraps
+// EAGAIN, as a fork refused for that limit does.
+func (p *shimProc) awaitReady() error {
+	var buf [16]byte
+	p.ctrl.SetReadDeadline(time.Now().Add(shimAnswerTimeout))
+	typ, _, err := p.recv(buf[:])
+	p.ctrl.SetReadDeadline(time.Time{})
+	if err == nil && typ == shimMsgReady {
+		return nil
+	}
+	if !p.exited() {
+		// Stopped, or talking out of turn: it is not a shim to use.
+		_ = unix.Kill(p.pid, unix.SIGKILL)
+	}
+	p.ctrl.Close()
+	select {
+	case <-p.done:
+	case <-time.After(shimDrainTimeout):
+		return fmt.Errorf("start shim %d: not ready within %v; killed", p.pid, shimAnswerTimeout)
+	}
+	if p.ws.Exited() && p.ws.ExitStatus() == 2 {
+		return fmt.Errorf("start shim %d: it could not make its threads (the jail is out of processes or memory): %w", p.pid, unix.EAGAIN)
+	}
+	how := fmt.Sprintf("exit status %d", p.ws.ExitStatus())
+	if p.ws.Signaled() {
+		how = "killed by " + p.ws.Signal().String()
+	}
+	return fmt.Errorf("start shim %d: it ended before it was ready (%s)", p.pid, how)
 }
 
 // forkShim starts the shim binary. The daemon installs that binary

@@ -223,6 +223,12 @@ func (s *Server) newSession(req *initproto.ExecRequest, opts *initproto.PTYOptio
 	}()
 
 	sh, err := s.shims.get()
+	if errors.Is(err, unix.EAGAIN) {
+		s.log.Printf("terminal %q: %v", req.Argv[0], err)
+		ss.discardRecording()
+		master.Close()
+		return nil, execFailure(req.Argv[0], unix.EAGAIN), nil
+	}
 	if err != nil {
 		return nil, nil, err
 	}

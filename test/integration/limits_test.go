@@ -2,22 +2,25 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// forkCounter forks children that wait until they are killed, until fork
+// forkFill forks children that wait until they are killed, until fork
 // fails; it prints the number of children it made and the error.
-const forkCounter = `
-import os, signal, sys
+const forkFill = `
+import os, signal, sys, time
 kids = []
 err = ""
 while len(kids) < 10000:
@@ -33,11 +36,25 @@ while len(kids) < 10000:
     kids.append(pid)
 print(len(kids), err)
 sys.stdout.flush()
+`
+
+// forkEnd kills and reaps forkFill's children.
+const forkEnd = `
 for k in kids:
     os.kill(k, signal.SIGKILL)
 for k in kids:
     os.waitpid(k, 0)
 `
+
+// forkCounter fills the jail with children and ends them at once.
+const forkCounter = forkFill + forkEnd
+
+// holder fills the jail with children and ends them once /tmp/release
+// exists.
+const holder = forkFill + `
+while not os.path.exists("/tmp/release"):
+    time.sleep(0.05)
+` + forkEnd
 
 // TestLimitPids caps a fork bomb at pids_limit, while the daemon and a
 // second jail keep answering, during the bomb and after it.
@@ -142,6 +159,96 @@ func TestLimitPids(t *testing.T) {
 			t.Errorf("the jail after the bomb: %q", out)
 		}
 		stillServes(t, d, other, "the fork bomb")
+	})
+
+	t.Run("full", func(t *testing.T) {
+		// A command holds every task the jail may have; meanwhile execs,
+		// terminals and file calls come at once. Init and the command's
+		// shim need threads for that and can make none: they must have
+		// made them before.
+		held := make(chan *response, 1)
+		go func() {
+			r, _ := d.api.send("POST", "/jails/"+j.ID+"/exec", execReq{Cmd: []string{"python3", "-c", holder}, TimeoutMs: 120_000})
+			held <- r
+		}()
+		if err := waitFor(30*time.Second, func() error {
+			n, err := cgroupCount("pids", j.ID, "pids.current")
+			if err != nil {
+				return err
+			}
+			if n < limit {
+				return fmt.Errorf("pids.current %d", n)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("the holder did not fill the jail: %v", err)
+		}
+		data := bytes.Repeat([]byte("0123456789abcdef"), 1<<17) // 2 MiB
+		var wg sync.WaitGroup
+		errs := make(chan string, 64)
+		call := func(what string, check func() string) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if e := check(); e != "" {
+					errs <- what + ": " + e
+				}
+			}()
+		}
+		for i := range 6 {
+			call(fmt.Sprintf("exec %d", i), func() string {
+				r, err := d.api.send("POST", "/jails/"+j.ID+"/exec", execReq{Cmd: []string{"echo", "hi"}, TimeoutMs: 20_000})
+				if err != nil {
+					return err.Error()
+				}
+				var res execResult
+				if r.status != http.StatusOK || json.Unmarshal(r.body, &res) != nil {
+					return r.String()
+				}
+				// Refused as a shell's fork would be, or run when a task was
+				// free for a moment.
+				if (res.ExitCode != 126 || !strings.Contains(res.Stderr, "resource temporarily unavailable")) && res.Stdout != "hi\n" {
+					return res.String()
+				}
+				return ""
+			})
+		}
+		for i := range 8 {
+			path := fmt.Sprintf("/files/tmp/full-%d", i)
+			call("write and read "+path, func() string {
+				if r, err := d.api.send("PUT", "/jails/"+j.ID+path, data); err != nil || r.status != http.StatusCreated {
+					return fmt.Sprint(r, err)
+				}
+				r, err := d.api.send("GET", "/jails/"+j.ID+path, nil)
+				if err != nil || r.status != http.StatusOK || !bytes.Equal(r.body, data) {
+					return fmt.Sprint("read back: ", r, err)
+				}
+				return ""
+			})
+			call("list /usr/bin", func() string {
+				if r, err := d.api.send("GET", "/jails/"+j.ID+"/files/usr/bin", nil); err != nil || r.status != http.StatusOK {
+					return fmt.Sprint(r, err)
+				}
+				return ""
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Errorf("in a full jail, %s", e)
+		}
+		d.putFile(t, j.ID, "/tmp/release", nil)
+		r := <-held
+		if r == nil || r.status != http.StatusOK {
+			t.Fatalf("the holder's exec: %v", r)
+		}
+		var res execResult
+		if err := json.Unmarshal(r.body, &res); err != nil || res.ExitCode != 0 || !strings.Contains(res.Stdout, "Resource temporarily unavailable") {
+			t.Errorf("the holder's exec did not end as it should: %s", r)
+		}
+		if out := d.mustSh(t, j.ID, "echo ok"); out != "ok\n" {
+			t.Errorf("the jail after it was full: %q", out)
+		}
 	})
 }
 
