@@ -14,11 +14,12 @@ import (
 // once). The Go runtime aborts a process when it needs an OS thread it
 // cannot create ("fatal error: newosproc"): an init that needed one more
 // thread while the jail was full would end the jail, a shim the command
-// it waits for. Both therefore make their threads when they start and
-// never need another: the runtime keeps an idle thread for good and takes
-// one from its idle list before it creates one, and the work that holds
-// a thread for long in init is bounded: files API operations take one of
-// threadSlots, and shim starts are one at a time (reaper.start).
+// it waits for. Both therefore make the threads they need when they
+// start: the runtime keeps an idle thread for good and takes one from its
+// idle list before it creates one. The work that holds a thread for long
+// in init is bounded (files API operations take one of threadSlots, shim
+// starts are one at a time in reaper.start); short system calls hold one
+// only while the kernel runs them, which the spare threads cover.
 const (
 	// initThreads is how many threads init makes at start: as many as it
 	// holds after serving execs, terminals and files API calls at once
