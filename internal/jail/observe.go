@@ -482,23 +482,21 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	capture := o.capture
 	o.mu.Unlock()
 	// A full data dir, or an event file at its bound, loses events but
-	// not the jail: say so here.
-	if lost, err := o.rec.Health(); lost > 0 || err != nil {
-		bounded := o.rec.OverBound()
-		if lost > bounded {
-			r.Lost[lostDisk] = lost - bounded
-		}
-		if bounded > 0 {
-			r.Lost[lostBound] = bounded
-		}
-		if err != nil {
-			why := ""
-			if errors.Is(err, observe.ErrBound) {
-				why = "tracing.max_file_bytes; "
-			}
-			msg := fmt.Sprintf("event files: %v (%s%d events not written so far)", err, why, lost)
-			r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
-		}
+	// not the jail: say so here. A file past its bound stays incomplete,
+	// so that is said for good; a full disk while it refuses writes.
+	lost, err := o.rec.Health()
+	bounded, boundErr := o.rec.OverBound()
+	if bounded > 0 {
+		r.Lost[lostBound] = bounded
+		msg := fmt.Sprintf("event files: %v (tracing.max_file_bytes; %d events not written so far)", boundErr, bounded)
+		r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
+	}
+	if lost > bounded {
+		r.Lost[lostDisk] = lost - bounded
+	}
+	if err != nil && !errors.Is(err, observe.ErrBound) {
+		msg := fmt.Sprintf("event files: %v (%d events not written so far)", err, lost-min(bounded, lost))
+		r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
 	}
 	if capture != nil {
 		if n := capture.OverBound(); n > 0 {

@@ -146,6 +146,7 @@ type Writer struct {
 	written atomic.Uint64
 	errMu   sync.Mutex
 	err     error
+	overErr error // the latest bound reached, kept once set
 	closed  bool
 }
 
@@ -349,8 +350,18 @@ func sizeString(n int64) string {
 }
 
 // OverBound returns the number of lines refused so far because their file
-// reached MaxFileBytes (they are counted in Health's lost too).
-func (w *Writer) OverBound() uint64 { return w.bounded.Load() }
+// reached MaxFileBytes (they are counted in Health's lost too) and, when
+// there are any, the error naming the file and the bound (an ErrBound),
+// which stays once a file has reached it, whatever is written after.
+func (w *Writer) OverBound() (uint64, error) {
+	n := w.bounded.Load()
+	if n == 0 {
+		return 0, nil
+	}
+	w.errMu.Lock()
+	defer w.errMu.Unlock()
+	return n, w.overErr
+}
 
 // Written returns the number of bytes written to the files so far.
 func (w *Writer) Written() uint64 { return w.written.Load() }
@@ -375,6 +386,10 @@ func (w *Writer) writeChunk(c chunk) {
 	var err error
 	if w.maxFile > 0 && !c.last && w.sizes[c.stream]+int64(len(c.buf)) > w.maxFile {
 		err = fmt.Errorf("%s %w of %s", streamFiles[c.stream], ErrBound, sizeString(w.maxFile))
+		// Before the count: whoever sees lines over the bound sees why.
+		w.errMu.Lock()
+		w.overErr = err
+		w.errMu.Unlock()
 		w.bounded.Add(c.lines)
 	} else {
 		err = w.keepReserve(len(c.buf))

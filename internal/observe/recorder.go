@@ -76,10 +76,10 @@ func (r *Recorder) Health() (uint64, error) {
 }
 
 // OverBound is the writer's OverBound: the events refused because their
-// file reached its bound (0 without a writer).
-func (r *Recorder) OverBound() uint64 {
+// file reached its bound, and why (0 and nil without a writer).
+func (r *Recorder) OverBound() (uint64, error) {
 	if r.w == nil {
-		return 0
+		return 0, nil
 	}
 	return r.w.OverBound()
 }
