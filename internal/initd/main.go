@@ -72,13 +72,15 @@ const shutdownGrace = 10 * time.Second
 //
 // Flags: --control-dir DIR replaces ControlDir; --shim runs the
 // per-command shim (started by init itself, never by hand), confined by
-// --landlock JSON (an initproto.Landlock) when given.
+// --landlock JSON (an initproto.Landlock) when given, giving each command
+// --oom-score-adj when it is not 0.
 func Main(args []string) int {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	shim := fs.Bool("shim", false, "run as a command shim (internal)")
 	controlDir := fs.String("control-dir", initproto.ControlDir, "control directory")
 	landlock := fs.String("landlock", "", "the shim's Landlock domain, JSON (internal)")
+	oomScoreAdj := fs.Int("oom-score-adj", 0, "the oom_score_adj the shim gives each command; 0: as inherited (internal)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -95,7 +97,7 @@ func Main(args []string) int {
 				return 2
 			}
 		}
-		return runShim(ll)
+		return runShim(ll, *oomScoreAdj)
 	}
 	if err := runInit(*controlDir); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail init: %v\n", err)

@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -104,6 +105,9 @@ func NewServer(opts Options) (*Server, error) {
 			return nil, err
 		}
 		opts.ShimArgs = append(slices.Clone(opts.ShimArgs), "--landlock", string(b))
+	}
+	if adj := opts.Config.CommandOOMScoreAdj; adj != 0 {
+		opts.ShimArgs = append(slices.Clone(opts.ShimArgs), "--oom-score-adj", strconv.Itoa(adj))
 	}
 	if opts.Log == nil {
 		opts.Log = log.New(os.Stderr, "agentjail init: ", log.LstdFlags|log.Lmicroseconds)

@@ -99,7 +99,7 @@ const reapInterval = time.Second
 // blocking syscall would keep the Go runtime's monitor thread polling
 // every few tens of microseconds for as long as commands keep coming,
 // competing with the commands for the CPU.
-func runShim(ll *initproto.Landlock) int {
+func runShim(ll *initproto.Landlock, oomScoreAdj int) int {
 	// Nothing in the jail may trace the shim: it runs as root and holds
 	// init's end of the command. A shim traced before it could refuse
 	// exits; init starts another.
@@ -137,7 +137,7 @@ func runShim(ll *initproto.Landlock) int {
 		fmt.Fprintf(os.Stderr, "agentjail shim: %v\n", err)
 		return 1
 	}
-	s := &shim{w: w, buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4))}
+	s := &shim{w: w, buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4)), oomScoreAdj: oomScoreAdj}
 	if _, err := unix.Write(shimCtrlFd, []byte{shimMsgReady}); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: report ready to init: %v\n", err)
 		return 1
@@ -227,6 +227,8 @@ func (w *waiter) wait(timeout time.Duration) []int {
 type shim struct {
 	w        *waiter
 	buf, oob []byte
+	// oomScoreAdj, when not 0, is each command's oom_score_adj.
+	oomScoreAdj int
 }
 
 // recv reads one control message (waiting for it); the body is valid until
@@ -302,6 +304,13 @@ func (s *shim) run(m shimMsg) bool {
 		},
 	})
 	closeFds(m.fds)
+	if err == nil && s.oomScoreAdj != 0 {
+		// The command ranks before init and the shims for the OOM killer
+		// (initproto.CommandOOMScoreAdj); its descendants inherit it.
+		if werr := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(s.oomScoreAdj)), 0); werr != nil {
+			fmt.Fprintf(os.Stderr, "agentjail shim: oom_score_adj of %d: %v\n", pid, werr)
+		}
+	}
 	if err != nil {
 		errno, _ := err.(syscall.Errno)
 		if errno == 0 {

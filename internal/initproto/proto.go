@@ -153,6 +153,21 @@ const (
 // other calls are plumbing and not recorded.
 const RecordOption = 0x4147524a
 
+// The oom_score_adj of a jail's processes. Both are above the daemon's
+// (0), so that on host-wide memory pressure the kernel picks jail
+// processes first. Commands are far above init and its shims, so that
+// when the jail's own memory limit is reached the kernel kills a command,
+// not init (whose end ends the jail); the OOM score weighs the difference
+// by the limit: half of it here. Init and its shims get InitOOMScoreAdj
+// from the runtime; each shim raises its command to CommandOOMScoreAdj
+// when init's config says so (InitConfig.CommandOOMScoreAdj). A process
+// may raise its own score, and lower it back no further than the value a
+// privileged writer gave it: init's.
+const (
+	InitOOMScoreAdj    = 1
+	CommandOOMScoreAdj = 500
+)
+
 // ReadyLine is what init writes to its original stdout once its socket
 // accepts connections.
 const ReadyLine = "ready\n"

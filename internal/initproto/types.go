@@ -37,6 +37,10 @@ type InitConfig struct {
 	// control directory, its log and the recordings out of the jail's
 	// reach this way).
 	CommandLandlock *Landlock `json:"command_landlock,omitempty"`
+	// CommandOOMScoreAdj, when not 0, is every command's oom_score_adj
+	// (CommandOOMScoreAdj where init has InitOOMScoreAdj): its shim sets
+	// it as the command starts, and the command's descendants inherit it.
+	CommandOOMScoreAdj int `json:"command_oom_score_adj,omitempty"`
 }
 
 // Landlock lists the paths a Landlock domain leaves reachable; everything

@@ -325,8 +325,47 @@ func TestLimitMemory(t *testing.T) {
 	if out := d.mustSh(t, j.ID, "echo ok"); out != "ok\n" {
 		t.Errorf("the jail after the OOM kill: %q", out)
 	}
+
+	// Many processes, each smaller than init (whose mapped binary the OOM
+	// score counts), fill the limit together: the kernel must pick them,
+	// not init, whose end would end the jail.
+	if out := d.mustSh(t, j.ID, "cat /proc/self/oom_score_adj /proc/1/oom_score_adj"); out != "500\n1\n" {
+		t.Errorf("oom_score_adj of a command and of init: %q, want 500 and 1", out)
+	}
+	res = d.exec(t, j.ID, execReq{Cmd: []string{"python3", "-c", smallHogs}, TimeoutMs: 60_000})
+	if !res.OOMKilled && !strings.HasPrefix(res.Stdout, "killed ") || strings.HasPrefix(res.Stdout, "killed 0") {
+		t.Errorf("no small hog was OOM-killed: %s", &res)
+	}
+	if after := d.getJail(t, j.ID); after.Status != "running" {
+		t.Fatalf("the jail is %s after its small hogs met the limit (%s)", after.Status, after.Error)
+	}
+	if out := d.mustSh(t, j.ID, "echo ok"); out != "ok\n" {
+		t.Errorf("the jail after its small hogs met the limit: %q", out)
+	}
 	stillServes(t, d, other, "the memory hog")
 }
+
+// smallHogs forks 24 children that each touch 6 MiB and wait 3 s, and
+// prints how many of them were killed.
+const smallHogs = `
+import os, time
+kids = []
+for i in range(24):
+    pid = os.fork()
+    if pid == 0:
+        b = bytearray(6 << 20)
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        time.sleep(3)
+        os._exit(0)
+    kids.append(pid)
+n = 0
+for k in kids:
+    _, st = os.waitpid(k, 0)
+    if os.WIFSIGNALED(st):
+        n += 1
+print("killed", n)
+`
 
 // TestLimitDisk fills the jail's disk: ENOSPC, and the host's disk gives
 // the jail no more than its limit; the daemon and a second jail keep

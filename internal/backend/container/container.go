@@ -72,6 +72,11 @@ type Options struct {
 	// AdjustSpec, when set, changes each jail's runtime spec before it is
 	// written (what a level's runtime needs differently).
 	AdjustSpec func(*specs.Spec)
+	// KeepCommandOOMScore leaves commands the oom_score_adj they inherit
+	// from init (gVisor: the sandbox is one process to the host's OOM
+	// killer, and its /proc is read-only); else each gets
+	// initproto.CommandOOMScoreAdj.
+	KeepCommandOOMScore bool
 	// NoCheckpoint leaves process checkpoints out (a level that takes
 	// them its own way), without probing for CRIU.
 	NoCheckpoint bool
@@ -564,6 +569,9 @@ func (b *Backend) writeControl(inst backend.Instance, p paths, netEnv map[string
 		Env:          env,
 		BlockedPaths: cfg.Isolation.Filesystem.BlockedPaths,
 		IdleShims:    idleShims(cfg.Isolation.Resources.PidsLimit),
+	}
+	if !b.opts.KeepCommandOOMScore {
+		ic.CommandOOMScoreAdj = initproto.CommandOOMScoreAdj
 	}
 	data, err := json.MarshalIndent(ic, "", "  ")
 	if err != nil {

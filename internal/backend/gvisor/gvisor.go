@@ -32,6 +32,7 @@ import (
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/initclient"
+	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/model"
 )
 
@@ -101,7 +102,7 @@ func New(h backend.Host, path string) (*Backend, error) {
 	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 	c, err := container.New(container.Options{
 		Host: h, RuntimeBinary: path, RuntimeArgs: runtimeArgs, StateDir: "runsc", NoCheckpoint: true,
-		AdjustSpec: adjustSpec,
+		AdjustSpec: adjustSpec, KeepCommandOOMScore: true,
 	})
 	if err != nil {
 		return nil, err
@@ -157,6 +158,10 @@ func New(h backend.Host, path string) (*Backend, error) {
 // CAP_SYS_RESOURCE), and the host cgroup keeps a bound with room for the
 // sandbox's own threads, as a backstop.
 func adjustSpec(s *specs.Spec) {
+	// The sandbox is one process to the host's OOM killer: it ranks with
+	// the other levels' commands, and the sentry picks inside it.
+	oom := initproto.CommandOOMScoreAdj
+	s.Process.OOMScoreAdj = &oom
 	s.Mounts = slices.DeleteFunc(s.Mounts, func(m specs.Mount) bool { return m.Type == "cgroup" })
 	for i := range s.Mounts {
 		if m := &s.Mounts[i]; m.Destination == "/proc" && m.Type == "proc" {

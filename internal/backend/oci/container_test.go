@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/agentjail/agentjail/internal/config"
+	"github.com/agentjail/agentjail/internal/initproto"
 )
 
 // expectResults compares probe results with want, reporting every mismatch.
@@ -97,7 +98,7 @@ func TestIsolation(t *testing.T) {
 		"rlimit_nofile": "1024/1024",
 		"rlimit_core":   "0/0",
 		"rlimit_as":     fmt.Sprintf("%d/%d", 4*config.GiB, 4*config.GiB),
-		"oom_score_adj": strconv.Itoa(OOMScoreAdj),
+		"oom_score_adj": strconv.Itoa(initproto.InitOOMScoreAdj),
 
 		"read_blocked_file":    `ok ""`,
 		"list_blocked_dir":     "ok 0",

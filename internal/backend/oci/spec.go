@@ -26,6 +26,7 @@ import (
 	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/errdefs"
+	"github.com/agentjail/agentjail/internal/initproto"
 )
 
 // Jail-side paths of the daemon's files.
@@ -47,11 +48,6 @@ const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 // fewer threads (each counts against the pids limit) and less memory.
 // Commands do not inherit it: init builds their environment itself.
 var initEnv = []string{DefaultPath, "GOMAXPROCS=1", "GOGC=50"}
-
-// OOMScoreAdj is the oom_score_adj of every jail process: positive, so that
-// on host-wide memory pressure the kernel picks jail processes before the
-// daemon (which keeps the default 0).
-const OOMScoreAdj = 500
 
 // IDMapSize is the number of uids and gids mapped into a jail that has a
 // user namespace: jail ids 0..IDMapSize-1.
@@ -146,7 +142,7 @@ func Spec(o SpecOptions) (*specs.Spec, error) {
 	if err := heldCapabilities(caps); err != nil {
 		return nil, err
 	}
-	oom := OOMScoreAdj
+	oom := initproto.InitOOMScoreAdj
 	s := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{

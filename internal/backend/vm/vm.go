@@ -359,6 +359,8 @@ func initConfig(inst backend.Instance, netEnv map[string]string) initproto.InitC
 		Env:          env,
 		BlockedPaths: cfg.Isolation.Filesystem.BlockedPaths,
 		IdleShims:    shims,
+		// The guest's OOM killer picks a command, not init.
+		CommandOOMScoreAdj: initproto.CommandOOMScoreAdj,
 	}
 }
 
