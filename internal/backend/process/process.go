@@ -379,8 +379,6 @@ func (b *Backend) writeControl(inst backend.Instance, uid int, netEnv map[string
 		Env:         env,
 		Home:        p.home,
 		IdleShims:   idleShims(cfg.Isolation.Resources.PidsLimit),
-		// Init keeps the daemon's score; commands rank before it.
-		CommandOOMScoreAdj: initproto.CommandOOMScoreAdj,
 	}
 	if !b.unsafe {
 		ic.CommandLandlock = b.landlock(inst, false)
