@@ -3,6 +3,7 @@ package initd
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -310,24 +311,28 @@ func (p *shimProc) awaitReady() error {
 	if err == nil && typ == shimMsgReady {
 		return nil
 	}
-	if !p.exited() {
-		// Stopped, or talking out of turn: it is not a shim to use.
-		_ = unix.Kill(p.pid, unix.SIGKILL)
+	if err == nil {
+		err = fmt.Errorf("message %q before it was ready", typ)
 	}
 	p.ctrl.Close()
+	if errors.Is(err, os.ErrDeadlineExceeded) || !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET) {
+		// Stopped, or talking out of turn: it is not a shim to use.
+		_ = unix.Kill(p.pid, unix.SIGKILL)
+		return fmt.Errorf("start shim %d: %w; killed", p.pid, err)
+	}
 	select {
 	case <-p.done:
 	case <-time.After(shimDrainTimeout):
-		return fmt.Errorf("start shim %d: not ready within %v; killed", p.pid, shimAnswerTimeout)
+		_ = unix.Kill(p.pid, unix.SIGKILL)
+		return fmt.Errorf("start shim %d: it closed its control socket but did not exit; killed", p.pid)
 	}
-	if p.ws.Exited() && p.ws.ExitStatus() == 2 {
+	switch {
+	case p.ws.Exited() && p.ws.ExitStatus() == 2:
 		return fmt.Errorf("start shim %d: it could not make its threads (the jail is out of processes or memory): %w", p.pid, unix.EAGAIN)
+	case p.ws.Signaled():
+		return fmt.Errorf("start shim %d: signal %v before it was ready", p.pid, p.ws.Signal())
 	}
-	how := fmt.Sprintf("exit status %d", p.ws.ExitStatus())
-	if p.ws.Signaled() {
-		how = "killed by " + p.ws.Signal().String()
-	}
-	return fmt.Errorf("start shim %d: it ended before it was ready (%s)", p.pid, how)
+	return fmt.Errorf("start shim %d: exit status %d before it was ready", p.pid, p.ws.ExitStatus())
 }
 
 // forkShim starts the shim binary. The daemon installs that binary
