@@ -698,7 +698,6 @@ func (s *Server) signal(req initproto.SignalRequest) error {
 	return nil
 }
 
-// list describes the running commands, ordered by pid.
 // fitList cuts the command lines (and working directories) of list so
 // that its answer fits one frame. A command's arguments may be as long as
 // the kernel takes (2 MiB), and as many commands may run as the jail's
@@ -761,6 +760,7 @@ func cutString(s string, n int) string {
 	return s[:n] + "…"
 }
 
+// list describes the running commands, ordered by pid.
 func (s *Server) list() []initproto.ProcessInfo {
 	s.mu.Lock()
 	out := make([]initproto.ProcessInfo, 0, len(s.procs))

@@ -488,21 +488,18 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 	bounded, boundErr := o.rec.OverBound()
 	if bounded > 0 {
 		r.Lost[lostBound] = bounded
-		msg := fmt.Sprintf("event files: %v (tracing.max_file_bytes; %d events not written so far)", boundErr, bounded)
-		r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
+		r.Observation = failed(r.Observation, fmt.Sprintf("event files: %v (tracing.max_file_bytes; %d events not written so far)", boundErr, bounded))
 	}
 	if lost > bounded {
 		r.Lost[lostDisk] = lost - bounded
 	}
 	if err != nil && !errors.Is(err, observe.ErrBound) {
-		msg := fmt.Sprintf("event files: %v (%d events not written so far)", err, lost-min(bounded, lost))
-		r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
+		r.Observation = failed(r.Observation, fmt.Sprintf("event files: %v (%d events not written so far)", err, r.Lost[lostDisk]))
 	}
 	if capture != nil {
 		if n := capture.OverBound(); n > 0 {
 			r.Lost[lostPcap] = n
-			msg := fmt.Sprintf("packet capture: its file reached its bound (tracing.max_file_bytes; %d packets not written so far)", n)
-			r.Observation = model.Check{OK: false, Message: strings.Trim(r.Observation.Message+"; "+msg, "; ")}
+			r.Observation = failed(r.Observation, fmt.Sprintf("packet capture: its file reached its bound (tracing.max_file_bytes; %d packets not written so far)", n))
 		}
 	}
 	if o.watching {
@@ -522,6 +519,11 @@ func (m *Manager) Report(ctx context.Context, ref string) (*model.Report, error)
 		r.DNS = &model.DNSStats{Answered: s.Answered, DroppedRateLimit: s.DroppedRateLimit, DroppedBusy: s.DroppedBusy}
 	}
 	return r, nil
+}
+
+// failed returns c failing, with msg added to its message.
+func failed(c model.Check, msg string) model.Check {
+	return model.Check{OK: false, Message: strings.Trim(c.Message+"; "+msg, "; ")}
 }
 
 // The report's counts of events not written to the event files: those the
