@@ -99,6 +99,13 @@ func TestDetachedOutlivesConnection(t *testing.T) {
 		t.Fatalf("late attach exit: %+v", st)
 	}
 	late.Close()
+	// A client may close the input of a command that ended on its own.
+	if err := e.c.Input(ctx, pid, nil, true); err != nil {
+		t.Fatalf("closing the input of an ended command: %v", err)
+	}
+	if err := e.c.Input(ctx, pid, []byte("late\n"), false); !errors.Is(err, errdefs.ErrUnprocessable) {
+		t.Fatalf("input to an ended command: %v", err)
+	}
 	if _, err := e.c.AttachProcess(ctx, 999999, false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("attach to an unknown pid: %v", err)
 	}

@@ -313,8 +313,16 @@ func (s *Server) input(req initproto.InputRequest) error {
 			ss = x
 		}
 	}
+	ended, wasEnded := s.ended[req.Pid]
 	s.mu.Unlock()
 	switch {
+	case b == nil && ss == nil && wasEnded && time.Since(ended.at) <= initproto.EndedRetention:
+		// A command can end between its client's writes (it read all it
+		// needed): its input is closed already, and data for it is late.
+		if len(req.Data) == 0 {
+			return nil
+		}
+		return newError(initproto.KindUnprocessable, "", "pid %d has ended: its input is closed", req.Pid)
 	case b != nil:
 		if len(req.Data) > 0 {
 			if err := b.write(req.Data, deadline); err != nil {

@@ -32,9 +32,7 @@ func (e *env) testBranch(t *testing.T) {
 		MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
 		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "branchy"}},
 	}}
-	if err := e.cl.Create(ctx, src); err != nil {
-		t.Fatal(err)
-	}
+	e.createSandbox(t, src)
 	e.waitSandbox(t, "src", "DependenciesReady")
 	out, stderr, err := e.c.Kubectl(ctx, t, "", "exec", "src", "--", "sh", "-c", "echo branched > /workspace/note; head -c 2000000 /dev/urandom > /workspace/blob; sha256sum < /workspace/blob; pgrep -x sleep")
 	if err != nil {

@@ -17,9 +17,7 @@ import (
 // It leaves one node dead: it runs last.
 func (e *env) testNodeLost(t *testing.T) {
 	ctx := context.Background()
-	if err := e.cl.Create(ctx, newSandbox("survivor")); err != nil {
-		t.Fatal(err)
-	}
+	e.createSandbox(t, newSandbox("survivor"))
 	e.waitSandbox(t, "survivor", "DependenciesReady")
 	sp, err := e.c.Client.CoreV1().Pods("default").Get(ctx, "survivor", metav1.GetOptions{})
 	if err != nil {

@@ -41,6 +41,32 @@ func newSandbox(name string) *v1alpha1.Sandbox {
 	}
 }
 
+// createSandbox creates sb. When the test fails before deleting it, its
+// cleanup deletes it and waits until it is gone, so that the next test
+// starts on empty nodes.
+func (e *env) createSandbox(t *testing.T, sb *v1alpha1.Sandbox) {
+	t.Helper()
+	if err := e.cl.Create(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(sb)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := e.cl.Delete(ctx, &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("deleting sandbox %s after the failure: %v", key.Name, err)
+			return
+		}
+		kubetest.Eventually(t, 2*time.Minute, "sandbox "+key.Name+" gone after the failure", func(ctx context.Context) (bool, string, error) {
+			err := e.cl.Get(ctx, key, &v1alpha1.Sandbox{})
+			return apierrors.IsNotFound(err), "still there", nil
+		})
+	})
+}
+
 // waitSandbox waits until the Sandbox's Ready condition has reason.
 func (e *env) waitSandbox(t *testing.T, name, reason string) *v1alpha1.Sandbox {
 	t.Helper()
@@ -79,9 +105,7 @@ func (e *env) setReplicas(t *testing.T, name string, n int32) {
 // on and the files are there; deleted, nothing of it is left on any node.
 func (e *env) testSandbox(t *testing.T) {
 	ctx := context.Background()
-	if err := e.cl.Create(ctx, newSandbox("sb")); err != nil {
-		t.Fatal(err)
-	}
+	e.createSandbox(t, newSandbox("sb"))
 	sb := e.waitSandbox(t, "sb", "DependenciesReady")
 	if sb.Status.Replicas != 1 || sb.Status.ServiceFQDN != "sb.default.svc.cluster.local" || sb.Status.Selector == "" {
 		t.Fatalf("status %+v", sb.Status)
@@ -210,9 +234,7 @@ func (e *env) testSandbox(t *testing.T) {
 	}
 
 	// Deleted while paused: its snapshot goes too.
-	if err := e.cl.Create(ctx, newSandbox("napping")); err != nil {
-		t.Fatal(err)
-	}
+	e.createSandbox(t, newSandbox("napping"))
 	e.waitSandbox(t, "napping", "DependenciesReady")
 	e.setReplicas(t, "napping", 0)
 	paused := e.waitSandbox(t, "napping", "Paused")
