@@ -316,13 +316,6 @@ func (s *Server) input(req initproto.InputRequest) error {
 	ended, wasEnded := s.ended[req.Pid]
 	s.mu.Unlock()
 	switch {
-	case b == nil && ss == nil && wasEnded && time.Since(ended.at) <= initproto.EndedRetention:
-		// A command can end between its client's writes (it read all it
-		// needed): its input is closed already, and data for it is late.
-		if len(req.Data) == 0 {
-			return nil
-		}
-		return newError(initproto.KindUnprocessable, "", "pid %d has ended: its input is closed", req.Pid)
 	case b != nil:
 		if len(req.Data) > 0 {
 			if err := b.write(req.Data, deadline); err != nil {
@@ -338,6 +331,14 @@ func (s *Server) input(req initproto.InputRequest) error {
 			return newError(initproto.KindUnprocessable, "", "pid %d runs on a terminal, which has no end of input (send Ctrl-D)", req.Pid)
 		}
 		return ss.typeInput(req.Data, deadline)
+	}
+	if wasEnded && time.Since(ended.at) <= initproto.EndedRetention {
+		// A command can end between its client's writes (it read all it
+		// needed): its input is closed already, and data for it is late.
+		if len(req.Data) == 0 {
+			return nil
+		}
+		return newError(initproto.KindUnprocessable, "", "pid %d has ended: its input is closed", req.Pid)
 	}
 	return newError(initproto.KindNotFound, "", "no detached command or terminal session has pid %d", req.Pid)
 }
