@@ -117,7 +117,10 @@ const (
 
 // Next returns the next chunk of output and its stream (Stdout or
 // Stderr). After the command exits it returns io.EOF, and Exit has the
-// status; when the connection ends otherwise, an error.
+// status; when the connection ends otherwise, an error. Input or a
+// control message the daemon refused comes as an *APIError between
+// chunks (409 when the command closed its input or ended), and the
+// stream goes on.
 func (cm *Command) Next(ctx context.Context) (stream int, data []byte, err error) {
 	for {
 		typ, b, err := cm.conn.Read(ctx)
@@ -151,6 +154,7 @@ func (cm *Command) Next(ctx context.Context) (stream int, data []byte, err error
 			cm.exit = &ex
 		case "error":
 			if m.Error != nil {
+				m.Error.Status = statusOfCode(m.Error.Code)
 				return 0, nil, m.Error
 			}
 		}

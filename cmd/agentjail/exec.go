@@ -114,9 +114,9 @@ func (f *execFlags) runExec(cmd *cobra.Command, c *client.Client, ref string, re
 	}
 	defer cm.Close()
 	// The input goes until stdin ends, or the daemon refuses it: the
-	// command closed its stdin or exited (as in a shell pipeline, the rest
-	// is then dropped quietly), or it stopped reading. Output and the exit
-	// status come either way.
+	// command closed its stdin or exited (409; as in a shell pipeline, the
+	// rest is then dropped quietly), or it stopped reading (a warning).
+	// Output and the exit status come either way.
 	var stopOnce sync.Once
 	stopped := make(chan struct{})
 	stop := func() { stopOnce.Do(func() { close(stopped) }) }
@@ -154,7 +154,7 @@ func (f *execFlags) runExec(cmd *cobra.Command, c *client.Client, ref string, re
 			var refused *client.APIError
 			if errors.As(err, &refused) {
 				stop()
-				if !warned && !strings.Contains(refused.Message, "broken pipe") {
+				if !warned && refused.Status != http.StatusConflict {
 					fmt.Fprintf(cmd.ErrOrStderr(), "agentjail: %v; the rest of stdin is not sent\n", refused)
 				}
 				warned = true

@@ -31,6 +31,9 @@ type CommandService interface {
 	// ended recently.
 	AttachProcess(ctx context.Context, ref string, pid int) (*initclient.Process, error)
 	// ProcessInput writes data to the command's stdin; close then ends it.
+	// ErrConflict when the command closed its stdin or ended (closing the
+	// input of one that ended is a no-op); ErrUnprocessable when it does
+	// not read the data in time.
 	ProcessInput(ctx context.Context, ref string, pid int, data []byte, close bool) error
 	// SignalProcess sends the named signal to the command.
 	SignalProcess(ctx context.Context, ref string, pid int, sig string) error

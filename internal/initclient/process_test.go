@@ -103,14 +103,44 @@ func TestDetachedOutlivesConnection(t *testing.T) {
 	if err := e.c.Input(ctx, pid, nil, true); err != nil {
 		t.Fatalf("closing the input of an ended command: %v", err)
 	}
-	if err := e.c.Input(ctx, pid, []byte("late\n"), false); !errors.Is(err, errdefs.ErrUnprocessable) {
-		t.Fatalf("input to an ended command: %v", err)
+	if err := e.c.Input(ctx, pid, []byte("late\n"), false); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("input to an ended command: %v, want a conflict", err)
 	}
 	if _, err := e.c.AttachProcess(ctx, 999999, false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("attach to an unknown pid: %v", err)
 	}
 	if err := e.c.Input(ctx, 999999, []byte("x"), false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("input to an unknown pid: %v", err)
+	}
+}
+
+// TestDetachedClosedInput: input to a running command that closed its
+// stdin is refused as a conflict (as a shell pipeline's writer gets a
+// broken pipe), not held until the wait for a slow reader runs out.
+func TestDetachedClosedInput(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	p, err := e.c.StartProcess(ctx, initproto.ExecRequest{
+		Argv:  []string{"sh", "-c", `exec 0<&-; echo closed; exec sleep 60`},
+		Stdin: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	pid := p.Started().Pid
+	if out, _, err := readUntil(t, p, "closed\n"); err != nil {
+		t.Fatalf("%q, %v", out, err)
+	}
+	start := time.Now()
+	if err := e.c.Input(ctx, pid, []byte("x\n"), false); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("input after the command closed its stdin: %v, want a conflict", err)
+	}
+	if d := time.Since(start); d >= initproto.MaxInputWait {
+		t.Fatalf("the refusal took %v: it waited for a reader", d)
+	}
+	if err := e.c.Signal(ctx, pid, "SIGKILL"); err != nil {
+		t.Fatal(err)
 	}
 }
 

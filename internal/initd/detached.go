@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/agentjail/agentjail/internal/asciicast"
@@ -229,12 +230,15 @@ func (b *bgProc) write(p []byte, deadline time.Time) error {
 		return newError(initproto.KindUnprocessable, "", "pid %d was started without stdin", b.ex.pid)
 	}
 	if b.stdinClosed {
-		return newError(initproto.KindUnprocessable, "", "the stdin of pid %d is closed", b.ex.pid)
+		return newError(initproto.KindConflict, "", "the stdin of pid %d is closed", b.ex.pid)
 	}
 	b.ex.stdin.SetWriteDeadline(deadline)
 	if _, err := b.ex.stdin.Write(p); err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return newError(initproto.KindUnprocessable, "", "pid %d does not read its input", b.ex.pid)
+		}
+		if errors.Is(err, syscall.EPIPE) {
+			return newError(initproto.KindConflict, "", "pid %d closed its input", b.ex.pid)
 		}
 		return newError(initproto.KindUnprocessable, "", "stdin of pid %d: %v", b.ex.pid, err)
 	}
@@ -338,7 +342,7 @@ func (s *Server) input(req initproto.InputRequest) error {
 		if len(req.Data) == 0 {
 			return nil
 		}
-		return newError(initproto.KindUnprocessable, "", "pid %d has ended: its input is closed", req.Pid)
+		return newError(initproto.KindConflict, "", "pid %d has ended: its input is closed", req.Pid)
 	}
 	return newError(initproto.KindNotFound, "", "no detached command or terminal session has pid %d", req.Pid)
 }

@@ -409,7 +409,7 @@ const (
 	KindNotFound       = "not_found"       // ENOENT, unknown pid
 	KindForbidden      = "forbidden"       // EACCES, EPERM, EROFS, peer rejected
 	KindBlocked        = "blocked"         // the path is blocked by the jail's policy
-	KindConflict       = "conflict"        // EEXIST
+	KindConflict       = "conflict"        // EEXIST, input to a closed stdin
 	KindNoSpace        = "no_space"        // ENOSPC, EDQUOT
 	KindNotImplemented = "not_implemented" // reserved operation
 	KindInternal       = "internal"        // anything else
