@@ -154,7 +154,7 @@ func (f *execFlags) runExec(cmd *cobra.Command, c *client.Client, ref string, re
 			var refused *client.APIError
 			if errors.As(err, &refused) {
 				stop()
-				if !warned && refused.Status != http.StatusConflict {
+				if !warned && !client.IsConflict(refused) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "agentjail: %v; the rest of stdin is not sent\n", refused)
 				}
 				warned = true
