@@ -110,6 +110,14 @@ func runShim(ll *initproto.Landlock, oomScoreAdj int) int {
 	// Every thread the shim will need, now: a shim in a jail whose pids
 	// limit is reached cannot make one (threads.go).
 	reserveThreads(shimThreads)
+	// Opened before the Landlock domain, which may leave /proc out.
+	var oom *oomScore
+	if oomScoreAdj != 0 {
+		var err error
+		if oom, err = openOOMScore(oomScoreAdj); err != nil {
+			fmt.Fprintf(os.Stderr, "agentjail shim: %v; commands keep the shim's oom_score_adj\n", err)
+		}
+	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: set child subreaper: %v\n", err)
 		return 1
@@ -137,7 +145,7 @@ func runShim(ll *initproto.Landlock, oomScoreAdj int) int {
 		fmt.Fprintf(os.Stderr, "agentjail shim: %v\n", err)
 		return 1
 	}
-	s := &shim{w: w, buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4)), oomScoreAdj: oomScoreAdj}
+	s := &shim{w: w, buf: make([]byte, maxShimMsg+1), oob: make([]byte, unix.CmsgSpace(3*4)), oom: oom}
 	if _, err := unix.Write(shimCtrlFd, []byte{shimMsgReady}); err != nil {
 		fmt.Fprintf(os.Stderr, "agentjail shim: report ready to init: %v\n", err)
 		return 1
@@ -227,8 +235,8 @@ func (w *waiter) wait(timeout time.Duration) []int {
 type shim struct {
 	w        *waiter
 	buf, oob []byte
-	// oomScoreAdj, when not 0, is each command's oom_score_adj.
-	oomScoreAdj int
+	// oom, when not nil, gives each command its oom_score_adj.
+	oom *oomScore
 }
 
 // recv reads one control message (waiting for it); the body is valid until
@@ -287,6 +295,9 @@ func (s *shim) run(m shimMsg) bool {
 		return true
 	}
 	pidfd := -1
+	// The command inherits the raised score at the fork, so nothing it
+	// runs before the shim lowers its own again has the shim's.
+	s.oom.raise()
 	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
 		Dir:   spec.Dir,
 		Env:   spec.Env,
@@ -303,14 +314,8 @@ func (s *shim) run(m shimMsg) bool {
 			PidFD:      &pidfd,
 		},
 	})
+	s.oom.restore()
 	closeFds(m.fds)
-	if err == nil && s.oomScoreAdj != 0 {
-		// The command ranks before init and the shims for the OOM killer
-		// (initproto.CommandOOMScoreAdj); its descendants inherit it.
-		if werr := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(s.oomScoreAdj)), 0); werr != nil {
-			fmt.Fprintf(os.Stderr, "agentjail shim: oom_score_adj of %d: %v\n", pid, werr)
-		}
-	}
 	if err != nil {
 		errno, _ := err.(syscall.Errno)
 		if errno == 0 {
