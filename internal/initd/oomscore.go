@@ -25,24 +25,26 @@ type oomScore struct {
 
 // openOOMScore opens the shim's score, to be raised to adj around each
 // fork, and checks that the shim can return from adj to its own score.
-func openOOMScore(adj int) (*oomScore, error) {
+func openOOMScore(adj int) (_ *oomScore, err error) {
 	fd, err := unix.Open("/proc/self/oom_score_adj", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open /proc/self/oom_score_adj: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			unix.Close(fd)
+		}
+	}()
 	buf := make([]byte, 16)
 	n, err := unix.Pread(fd, buf, 0)
 	if err != nil {
-		unix.Close(fd)
 		return nil, fmt.Errorf("read /proc/self/oom_score_adj: %w", err)
 	}
 	o := &oomScore{fd: fd, raised: []byte(strconv.Itoa(adj)), own: bytes.TrimSpace(buf[:n])}
-	if err := o.write(o.raised); err != nil {
-		unix.Close(fd)
+	if err = o.write(o.raised); err != nil {
 		return nil, err
 	}
-	if err := o.write(o.own); err != nil {
-		unix.Close(fd)
+	if err = o.write(o.own); err != nil {
 		return nil, fmt.Errorf("return to the shim's own score %s: %w", o.own, err)
 	}
 	return o, nil

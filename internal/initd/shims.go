@@ -315,8 +315,9 @@ func (p *shimProc) awaitReady() error {
 		err = fmt.Errorf("message %q before it was ready", typ)
 	}
 	p.ctrl.Close()
-	if errors.Is(err, os.ErrDeadlineExceeded) || !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET) {
-		// Stopped, or talking out of turn: it is not a shim to use.
+	if !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET) {
+		// Stopped (the deadline), or talking out of turn: it is not a
+		// shim to use.
 		_ = unix.Kill(p.pid, unix.SIGKILL)
 		return fmt.Errorf("start shim %d: %w; killed", p.pid, err)
 	}
