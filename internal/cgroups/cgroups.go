@@ -1,6 +1,6 @@
 // Package cgroups reads what the runtime enforces on a jail's cgroup. runc
 // creates and limits the cgroup from an absolute cgroupsPath such as
-// "/agentjail/<id>"; this package finds that path in whichever hierarchy
+// "/agentjail-<id>"; this package finds that path in whichever hierarchy
 // holds each controller (cgroup v1, the unified v2 hierarchy, or both on a
 // "hybrid" host), reads usage, limits and OOM kills, returns the cgroup id
 // that keys kernel-side observation, kills what is left in a cgroup whose
@@ -154,7 +154,7 @@ type Stats struct {
 	OOMKills         uint64 // processes killed by the OOM killer in this cgroup
 }
 
-// Read reads the stats of cgroup path (e.g. "/agentjail/<id>") from
+// Read reads the stats of cgroup path (e.g. "/agentjail-<id>") from
 // whichever hierarchy holds each controller: memory (v1 memory.usage_in_bytes,
 // memory.limit_in_bytes, memory.oom_control's oom_kill; v2 memory.current,
 // memory.max, memory.events' oom_kill), CPU (v1 cpuacct.usage; v2 cpu.stat's

@@ -303,7 +303,7 @@ func measureLevel(b *testing.B, d *daemon, level string) (*levelFigures, error) 
 			return nil, err
 		}
 		priv += k
-		raw, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", "agentjail", j.ID, "memory.usage_in_bytes"))
+		raw, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", jailCgroupOf(j.ID), "memory.usage_in_bytes"))
 		if err != nil {
 			return nil, err
 		}

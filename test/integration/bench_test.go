@@ -435,7 +435,7 @@ func BenchmarkIdleJailMemory(b *testing.B) {
 				return
 			}
 			initPrivKiB += priv
-			raw, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", "agentjail", j.ID, "memory.usage_in_bytes"))
+			raw, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", jailCgroupOf(j.ID), "memory.usage_in_bytes"))
 			if err != nil {
 				memOnce.err = err
 				return

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,17 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if n, ok := os.LookupEnv(relayEnv); ok {
+		depth, err := strconv.Atoi(n)
+		if err == nil {
+			err = runRelay(depth)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "integration: relay:", err)
+			return 1
+		}
+		return 0
+	}
 	binDir, err := os.MkdirTemp("", "agentjail-it-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "integration:", err)

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -29,7 +30,7 @@ type inventory struct {
 	// Loops are loop devices backed by files under the data dir
 	// ("/dev/loopN <- file").
 	Loops []string
-	// Cgroups are the jail cgroups: /sys/fs/cgroup/*/agentjail/* (and the
+	// Cgroups are the jail cgroups: /sys/fs/cgroup/*/agentjail-* (and the
 	// unified hierarchy's).
 	Cgroups []string
 	// Netns are the files of DATA_DIR/run/netns.
@@ -231,23 +232,27 @@ func loopsUnder(dir string) []string {
 // jailCgroups lists the per-jail cgroup directories of every hierarchy.
 func jailCgroups() []string {
 	var out []string
-	roots, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "agentjail"))
-	if st, err := os.Stat(filepath.Join(cgroupRoot, "agentjail")); err == nil && st.IsDir() {
-		roots = append(roots, filepath.Join(cgroupRoot, "agentjail"))
-	}
-	for _, r := range roots {
-		ents, err := os.ReadDir(r)
-		if err != nil {
-			continue
-		}
-		for _, e := range ents {
-			if e.IsDir() {
-				out = append(out, filepath.Join(r, e.Name()))
+	for _, pat := range []string{filepath.Join(cgroupRoot, "*", jailCgroupPrefix+"*"), filepath.Join(cgroupRoot, jailCgroupPrefix+"*")} {
+		m, _ := filepath.Glob(pat)
+		for _, d := range m {
+			if st, err := os.Stat(d); err == nil && st.IsDir() && jailCgroupName.MatchString(filepath.Base(d)) {
+				out = append(out, d)
 			}
 		}
 	}
 	return out
 }
+
+// jailCgroupPrefix starts the name of every jail's cgroup, a top-level one
+// in each hierarchy.
+const jailCgroupPrefix = "agentjail-"
+
+// jailCgroupName matches the name of a jail's cgroup (its id is 12 hex
+// digits), and not the cgroups other tests make with the same prefix.
+var jailCgroupName = regexp.MustCompile(`^` + jailCgroupPrefix + `[0-9a-f]{12}$`)
+
+// jailCgroupOf is the end of jail id's cgroup path in any hierarchy.
+func jailCgroupOf(id string) string { return "/" + jailCgroupPrefix + id }
 
 // jailProcs lists the live processes whose cgroup (in any hierarchy) is
 // under an agentjail cgroup. Zombies are left out: they hold nothing but a
@@ -280,7 +285,7 @@ func procJailCgroup(pid int) string {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 && strings.Contains(parts[2], "/agentjail/") {
+		if len(parts) == 3 && strings.HasPrefix(parts[2], "/"+jailCgroupPrefix) {
 			return parts[2]
 		}
 	}
@@ -380,7 +385,7 @@ func isNsfs(path string) bool {
 // pidsInCgroupOf returns the pids in jail id's cgroup of controller (e.g.
 // "pids", "memory"), read from the host's hierarchy.
 func pidsInCgroupOf(controller, id string) ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(cgroupRoot, controller, "agentjail", id, "cgroup.procs"))
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, controller, jailCgroupOf(id), "cgroup.procs"))
 	if err != nil {
 		return nil, err
 	}
@@ -458,7 +463,7 @@ func (w *idWatcher) owns(item string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id := range w.ids {
-		if strings.Contains(item, "/agentjail/"+id) {
+		if strings.Contains(item, jailCgroupOf(id)) {
 			return true
 		}
 	}

@@ -226,12 +226,12 @@ func TestCleanupFailedCreateLate(t *testing.T) {
 			t.Errorf("a jail whose start failed is not listed")
 		}
 		for _, p := range jailProcs() {
-			if strings.Contains(p, "/agentjail/"+j.ID) {
+			if strings.Contains(p, jailCgroupOf(j.ID)) {
 				t.Errorf("a process of the failed start survived: %s", p)
 			}
 		}
 		for _, c := range jailCgroups() {
-			if strings.HasSuffix(c, "/agentjail/"+j.ID) {
+			if strings.HasSuffix(c, jailCgroupOf(j.ID)) {
 				t.Errorf("the failed start left its cgroup: %s", c)
 			}
 		}

@@ -283,7 +283,7 @@ func TestLimitSmallPids(t *testing.T) {
 
 // cgroupCount reads one number from a jail's v1 cgroup file.
 func cgroupCount(controller, id, file string) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("%s/%s/agentjail/%s/%s", cgroupRoot, controller, id, file))
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, controller, jailCgroupOf(id), file))
 	if err != nil {
 		return 0, err
 	}

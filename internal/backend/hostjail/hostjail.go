@@ -21,8 +21,29 @@ import (
 // Cgroup is the cgroup path of a jail, the same in every hierarchy.
 type Cgroup string
 
-// CgroupOf is the cgroup of jail id.
-func CgroupOf(id string) Cgroup { return Cgroup("/agentjail/" + id) }
+// CgroupOf is the cgroup of jail id: "/agentjail-<id>", a top-level cgroup
+// of its own. Jails share no parent: the scheduler weighs a parent as one
+// entity against the host's other top-level groups and kernel threads, so
+// jails under one would share its debt, and a quiet jail would wait while
+// busy neighbours had used up the parent's share (docs/architecture.md,
+// "Noisy neighbours"). A jail made by a daemon of the earlier layout,
+// adopted after an upgrade, keeps its "/agentjail/<id>".
+func CgroupOf(id string) Cgroup {
+	if c, ok := layouts.Load(id); ok {
+		return c.(Cgroup)
+	}
+	c := Cgroup("/agentjail-" + id)
+	if legacy := "/agentjail/" + id; len(cgroups.Dirs(legacy)) > 0 {
+		c = Cgroup(legacy)
+	}
+	layouts.Store(id, c)
+	return c
+}
+
+// layouts holds the cgroup of each jail CgroupOf was asked for, found once
+// per jail (the look-up for the earlier layout stats every hierarchy);
+// Release forgets it.
+var layouts sync.Map // id → Cgroup
 
 // Stats reads the jail's usage from its cgroup and from its disk mounted
 // at disk.
@@ -154,6 +175,8 @@ func Release(ctx context.Context, n *Network, pool *storage.Pool, id string, roo
 	}
 	if err := cgroups.Remove(string(CgroupOf(id))); err != nil {
 		errs = append(errs, fmt.Errorf("cgroup: %w", err))
+	} else {
+		layouts.Delete(id)
 	}
 	for _, r := range roots {
 		if err := storage.Unmount(r); err != nil {

@@ -77,7 +77,7 @@ type SpecOptions struct {
 	// HostNetwork makes the jail share the host's network namespace
 	// (network mode "host", a daemon opt-in); NetnsPath is then unused.
 	HostNetwork bool
-	// CgroupsPath is the absolute cgroup path, e.g. "/agentjail/<id>" (a
+	// CgroupsPath is the absolute cgroup path, e.g. "/agentjail-<id>" (a
 	// relative one would nest the memory cgroup under the caller's).
 	CgroupsPath string
 	// InitBinary is the host path of the init binary, bind-mounted

@@ -172,7 +172,7 @@ func (t *NetTracer) attachments() []attachment {
 
 // WatchNet starts accounting the network traffic of the sockets of the
 // processes in the cgroup v2 directory at cgroupPath (an absolute path,
-// e.g. /sys/fs/cgroup/unified/agentjail/{id}), delivering TypeNet events
+// e.g. /sys/fs/cgroup/unified/agentjail-{id}), delivering TypeNet events
 // for jail to sink. Sockets of descendant cgroups are not accounted.
 // Sockets created before the call are accounted from their next packet,
 // without a process until they connect or send. Watching a cgroup twice is

@@ -28,7 +28,7 @@ func Leftovers(ids ...string) []string {
 		f.Close()
 	}
 	for _, id := range ids {
-		for _, pat := range []string{filepath.Join(cgroupRoot, "*", "agentjail", id), filepath.Join(cgroupRoot, "agentjail", id)} {
+		for _, pat := range []string{filepath.Join(cgroupRoot, "*", "agentjail-"+id), filepath.Join(cgroupRoot, "agentjail-"+id)} {
 			m, _ := filepath.Glob(pat)
 			for _, d := range m {
 				out = append(out, "cgroup: "+d)
