@@ -304,6 +304,17 @@ func ID(path string) (uint64, error) {
 	return st.Ino, nil
 }
 
+// Exists reports whether cgroup path exists, looked up in the hierarchy
+// that holds the pids controller, where every jail's cgroup has a
+// directory: one stat.
+func Exists(path string) bool {
+	if checkPath(path) != nil {
+		return false
+	}
+	dir, _ := dirOf("pids", path)
+	return dir != "" && exists(dir)
+}
+
 // Dirs lists the existing directories of path across all hierarchies (used
 // to check for leaks).
 func Dirs(path string) []string {

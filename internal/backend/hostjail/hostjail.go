@@ -29,21 +29,19 @@ type Cgroup string
 // "Noisy neighbours"). A jail made by a daemon of the earlier layout,
 // adopted after an upgrade, keeps its "/agentjail/<id>".
 func CgroupOf(id string) Cgroup {
-	if c, ok := layouts.Load(id); ok {
+	if c, ok := legacy.Load(id); ok {
 		return c.(Cgroup)
 	}
-	c := Cgroup("/agentjail-" + id)
-	if legacy := "/agentjail/" + id; len(cgroups.Dirs(legacy)) > 0 {
-		c = Cgroup(legacy)
+	if c := Cgroup("/agentjail/" + id); cgroups.Exists(string(c)) {
+		legacy.Store(id, c)
+		return c
 	}
-	layouts.Store(id, c)
-	return c
+	return Cgroup("/agentjail-" + id)
 }
 
-// layouts holds the cgroup of each jail CgroupOf was asked for, found once
-// per jail (the look-up for the earlier layout stats every hierarchy);
-// Release forgets it.
-var layouts sync.Map // id → Cgroup
+// legacy holds the jails found in cgroups of the earlier layout, until
+// Release has removed them: a partly removed cgroup is still found.
+var legacy sync.Map // id → Cgroup
 
 // Stats reads the jail's usage from its cgroup and from its disk mounted
 // at disk.
@@ -176,7 +174,7 @@ func Release(ctx context.Context, n *Network, pool *storage.Pool, id string, roo
 	if err := cgroups.Remove(string(CgroupOf(id))); err != nil {
 		errs = append(errs, fmt.Errorf("cgroup: %w", err))
 	} else {
-		layouts.Delete(id)
+		legacy.Delete(id)
 	}
 	for _, r := range roots {
 		if err := storage.Unmount(r); err != nil {
