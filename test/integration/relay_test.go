@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -47,7 +46,7 @@ func runRelay(n int) error {
 		if _, err := os.Stdin.Read(b); err != nil {
 			if next != nil {
 				down.Close()
-				return errors.Join(next.Wait())
+				return next.Wait()
 			}
 			return nil
 		}

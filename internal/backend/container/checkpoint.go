@@ -20,6 +20,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/atomicfile"
 	"github.com/agentjail/agentjail/internal/backend"
+	"github.com/agentjail/agentjail/internal/backend/hostjail"
 	"github.com/agentjail/agentjail/internal/backend/oci"
 	"github.com/agentjail/agentjail/internal/cgroups"
 	"github.com/agentjail/agentjail/internal/errdefs"
@@ -320,7 +321,7 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	if err := sameSize(b.opts.Pool.DiskPath(inst.ID), opts.DiskImage); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: the disk copy was not made: %w", inst.Name, err)
 	}
-	if err := recordProcesses(filepath.Join(opts.Dir, processesRec), p.cgroup); err != nil {
+	if err := recordProcesses(filepath.Join(opts.Dir, processesRec), string(hostjail.CgroupOf(inst.ID))); err != nil {
 		return backend.CheckpointResult{}, fmt.Errorf("checkpoint of jail %s: %w", inst.Name, err)
 	}
 	if err := durable(opts.Dir, opts.DiskImage); err != nil {

@@ -169,7 +169,7 @@ func (b *Backend) Capabilities() backend.Capabilities { return b.caps }
 
 // paths of one jail.
 type paths struct {
-	dir, disk, upper, work, merged, control, netns, cgroup string
+	dir, disk, upper, work, merged, control, netns string
 }
 
 func (b *Backend) paths(inst backend.Instance) paths {
@@ -182,7 +182,6 @@ func (b *Backend) paths(inst backend.Instance) paths {
 		merged:  filepath.Join(disk, "merged"),
 		control: filepath.Join(inst.Dir, "run"),
 		netns:   filepath.Join(b.opts.DataDir, "run", "netns", inst.ID),
-		cgroup:  string(hostjail.CgroupOf(inst.ID)),
 	}
 }
 
@@ -602,7 +601,7 @@ func (b *Backend) writeBundle(inst backend.Instance, p paths, hostNet bool) erro
 		Rootfs:         p.merged,
 		NetnsPath:      p.netns,
 		HostNetwork:    hostNet,
-		CgroupsPath:    p.cgroup,
+		CgroupsPath:    string(hostjail.CgroupOf(inst.ID)),
 		InitBinary:     b.opts.InitBinary,
 		ControlDir:     p.control,
 		Mounts:         mounts,
@@ -977,7 +976,7 @@ func (b *Backend) Destroy(ctx context.Context, inst backend.Instance) error {
 	// What the runtime does not know of (a restore that never finished)
 	// may still be in the jail's cgroup.
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	errs = append(errs, cgroups.Kill(kctx, p.cgroup))
+	errs = append(errs, cgroups.Kill(kctx, string(hostjail.CgroupOf(inst.ID))))
 	cancel()
 	errs = append(errs, hostjail.Release(ctx, b.net, b.opts.Pool, inst.ID, []string{p.merged, p.control}, p.disk, p.netns)...)
 	return errors.Join(errs...)

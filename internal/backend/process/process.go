@@ -162,7 +162,7 @@ func (b *Backend) Capabilities() backend.Capabilities { return b.caps }
 
 // paths of one jail.
 type paths struct {
-	disk, workspace, home, tmp, control, netns, cgroup, uidFile, pidFile string
+	disk, workspace, home, tmp, control, netns, uidFile, pidFile string
 }
 
 func (b *Backend) paths(inst backend.Instance) paths {
@@ -177,7 +177,6 @@ func (b *Backend) paths(inst backend.Instance) paths {
 		tmp:       filepath.Join(disk, "tmp"),
 		control:   filepath.Join(inst.Dir, "run"),
 		netns:     filepath.Join(b.host.DataDir, "run", "netns", inst.ID),
-		cgroup:    string(hostjail.CgroupOf(inst.ID)),
 		uidFile:   filepath.Join(inst.Dir, "uid"),
 		pidFile:   filepath.Join(inst.Dir, "init.pid"),
 	}
@@ -337,7 +336,7 @@ func (b *Backend) Start(ctx context.Context, inst backend.Instance) (st backend.
 	}
 	var cg *cgroup
 	if !b.unsafe {
-		if cg, err = newCgroup(p.cgroup, inst.Config.Isolation.Resources); err != nil {
+		if cg, err = newCgroup(string(hostjail.CgroupOf(inst.ID)), inst.Config.Isolation.Resources); err != nil {
 			return backend.Status{}, err
 		}
 	}
@@ -606,7 +605,7 @@ func (b *Backend) initPid(inst backend.Instance) int {
 		}
 		return pid
 	}
-	pids, err := cgroups.Pids(p.cgroup)
+	pids, err := cgroups.Pids(string(hostjail.CgroupOf(inst.ID)))
 	if err != nil || !slices.Contains(pids, pid) {
 		return 0
 	}
@@ -638,7 +637,7 @@ func (b *Backend) kill(ctx context.Context, inst backend.Instance, pid int) erro
 		}
 	} else {
 		kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := cgroups.Kill(kctx, p.cgroup)
+		err := cgroups.Kill(kctx, string(hostjail.CgroupOf(inst.ID)))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("jail %s: %w", inst.ID, err)
