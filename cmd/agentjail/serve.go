@@ -33,6 +33,7 @@ import (
 	"github.com/agentjail/agentjail/internal/preview"
 	"github.com/agentjail/agentjail/internal/telemetry"
 	"github.com/agentjail/agentjail/internal/tenant"
+	"github.com/agentjail/agentjail/internal/timerslack"
 )
 
 // The jail manager is what the E2B-compatible surface runs on.
@@ -96,6 +97,12 @@ when it stops.`,
 			}
 			if warmMax < warmJails || warmMax > maxWarmJails {
 				return usageError{fmt.Errorf("--warm-max: %d is not between --warm-jails (%d) and %d", warmMax, warmJails, maxWarmJails)}
+			}
+			// Before anything is opened: the daemon runs on as a new
+			// program image (same pid), whose threads and children
+			// (runc, init, the shims) have the coarse timer slack.
+			if err := timerslack.Reexec(); err != nil {
+				slog.Warn("timer slack", "err", err)
 			}
 			opts := jail.Options{DataDir: g.dataDirPath(), Backends: lv.factories(), PoolSize: pool, WarmJails: warmJails, WarmMax: warmMax,
 				AllowHostNetwork: net.allowHost, Subnet: net.subnet, NetPrefix: net.prefix}

@@ -14,6 +14,7 @@ import (
 	"github.com/agentjail/agentjail/internal/confine"
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/procstat"
+	"github.com/agentjail/agentjail/internal/timerslack"
 )
 
 // The shim is a small root process between init and each command: init
@@ -298,21 +299,26 @@ func (s *shim) run(m shimMsg) bool {
 	// The command inherits the raised score at the fork, so nothing it
 	// runs before the shim lowers its own again has the shim's.
 	s.oom.raise()
-	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
-		Dir:   spec.Dir,
-		Env:   spec.Env,
-		Files: []uintptr{uintptr(m.fds[0]), uintptr(m.fds[1]), uintptr(m.fds[2])},
-		Sys: &syscall.SysProcAttr{
-			Setsid:  true,
-			Setctty: spec.Tty,
-			Ctty:    0,
-			// Fires when the forking thread ends; Go ends a thread only
-			// when a goroutine exits locked to it, which none in the
-			// shim does.
-			Pdeathsig:  syscall.SIGKILL,
-			Credential: cred,
-			PidFD:      &pidfd,
-		},
+	// And the ordinary timer slack, not the shim's coarse one.
+	var pid int
+	err = timerslack.StartOrdinary(func() (err error) {
+		pid, err = syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
+			Dir:   spec.Dir,
+			Env:   spec.Env,
+			Files: []uintptr{uintptr(m.fds[0]), uintptr(m.fds[1]), uintptr(m.fds[2])},
+			Sys: &syscall.SysProcAttr{
+				Setsid:  true,
+				Setctty: spec.Tty,
+				Ctty:    0,
+				// Fires when the forking thread ends; Go ends a thread only
+				// when a goroutine exits locked to it, which none in the
+				// shim does.
+				Pdeathsig:  syscall.SIGKILL,
+				Credential: cred,
+				PidFD:      &pidfd,
+			},
+		})
+		return err
 	})
 	s.oom.restore()
 	closeFds(m.fds)

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/agentjail/agentjail/client"
+	"github.com/agentjail/agentjail/internal/config"
 	"github.com/agentjail/agentjail/internal/model"
+	"github.com/agentjail/agentjail/internal/timerslack"
 )
 
 // lifecycle: created → running → stopped → running → destroyed, with
@@ -75,6 +77,19 @@ func (h *harness) exec(t *testing.T) {
 		}
 		if res, err := h.Client.Exec(callCtx(t), j.ID, client.ExecRequest{Cmd: []string{"pwd"}, Cwd: ws + "/missing"}); err == nil && res.ExitCode == 0 {
 			t.Errorf("cwd of a missing directory ran: %+v", res)
+		}
+	})
+	t.Run("timer slack", func(t *testing.T) {
+		// Commands have the kernel's ordinary timer slack, not the coarse
+		// one of agentjail's own processes (internal/timerslack). gVisor
+		// shows none.
+		got := strings.TrimSpace(run(client.ExecRequest{Cmd: []string{"sh", "-c", "cat /proc/self/timerslack_ns 2>/dev/null || echo none"}}).Stdout)
+		want := strconv.FormatInt(timerslack.Ordinary.Nanoseconds(), 10)
+		if h.Level == config.LevelGVisor {
+			want = "none"
+		}
+		if got != want {
+			t.Errorf("a command's timer slack: %q, want %q", got, want)
 		}
 	})
 	t.Run("user", func(t *testing.T) {

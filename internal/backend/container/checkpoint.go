@@ -28,6 +28,7 @@ import (
 	"github.com/agentjail/agentjail/internal/initproto"
 	"github.com/agentjail/agentjail/internal/lazyre"
 	"github.com/agentjail/agentjail/internal/storage"
+	"github.com/agentjail/agentjail/internal/timerslack"
 )
 
 // Process checkpoints are runc's (`runc checkpoint --leave-running`,
@@ -675,15 +676,22 @@ func (b *Backend) runRestore(ctx context.Context, inst backend.Instance, p paths
 	cctx, cancel := context.WithTimeout(cctx, restoreTimeout)
 	defer cancel()
 	work := filepath.Join(p.dir, restoreWorkDir)
-	_, err = rc.Restore(cctx, inst.ID, p.dir, &runc.RestoreOpts{
-		CheckpointOpts: runc.CheckpointOpts{
-			ImagePath: filepath.Join(src.Dir, imagesDir),
-			WorkDir:   work,
-			FileLocks: true,
-		},
-		IO:      pipes,
-		Detach:  true,
-		PidFile: pidFile,
+	// CRIU does not keep the processes' timer slack: every restored
+	// process gets the one of the thread that started the restore, which
+	// must be the ordinary one of the jail's commands (init and the shims
+	// of a restored jail run with it too).
+	err = timerslack.StartOrdinary(func() error {
+		_, err := rc.Restore(cctx, inst.ID, p.dir, &runc.RestoreOpts{
+			CheckpointOpts: runc.CheckpointOpts{
+				ImagePath: filepath.Join(src.Dir, imagesDir),
+				WorkDir:   work,
+				FileLocks: true,
+			},
+			IO:      pipes,
+			Detach:  true,
+			PidFile: pidFile,
+		})
+		return err
 	})
 	_ = pipes.Stdin().Close()
 	herr := h.close()

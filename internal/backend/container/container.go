@@ -80,6 +80,11 @@ type Options struct {
 	// NoCheckpoint leaves process checkpoints out (a level that takes
 	// them its own way), without probing for CRIU.
 	NoCheckpoint bool
+	// OrdinarySlack starts the runtime's containers with the ordinary
+	// timer slack, not the daemon's coarse one: for a runtime whose
+	// container runs the jail's code itself (gVisor's sandbox) rather than
+	// agentjail's init.
+	OrdinarySlack bool
 	// ShareRestoredMemory lets jails restored from one process checkpoint
 	// (restores, branches) share their memory copy-on-write through the
 	// kernel's same-page merging (ksm.go); the first restore starts ksmd.
@@ -137,6 +142,9 @@ func New(opts Options) (*Backend, error) {
 		runtime: oci.NewRuntime(opts.RuntimeBinary, filepath.Join(opts.DataDir, "run", opts.StateDir), opts.RuntimeArgs...),
 		swap:    cgroups.SwapAccounting(),
 		net:     &hostjail.Network{Net: opts.Net, Log: opts.Log},
+	}
+	if opts.OrdinarySlack {
+		b.runtime.UseOrdinarySlack()
 	}
 	b.caps = backend.Capabilities{
 		Level:          config.LevelContainer,

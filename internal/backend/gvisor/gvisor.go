@@ -102,7 +102,7 @@ func New(h backend.Host, path string) (*Backend, error) {
 	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 	c, err := container.New(container.Options{
 		Host: h, RuntimeBinary: path, RuntimeArgs: runtimeArgs, StateDir: "runsc", NoCheckpoint: true,
-		AdjustSpec: adjustSpec, KeepCommandOOMScore: true,
+		AdjustSpec: adjustSpec, KeepCommandOOMScore: true, OrdinarySlack: true,
 	})
 	if err != nil {
 		return nil, err

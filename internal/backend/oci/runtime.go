@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentjail/agentjail/internal/errdefs"
 	"github.com/agentjail/agentjail/internal/procwait"
+	"github.com/agentjail/agentjail/internal/timerslack"
 	"github.com/agentjail/agentjail/internal/tracing"
 )
 
@@ -72,6 +73,8 @@ const ReadyLine = "ready"
 // be called concurrently for different ids.
 type Runtime struct {
 	rc *runc.Runc
+	// ordinarySlack starts containers with the ordinary timer slack.
+	ordinarySlack bool
 
 	mu    sync.Mutex
 	stdio map[string]*containerIO
@@ -103,6 +106,13 @@ func NewRuntime(binary, root string, globalArgs ...string) *Runtime {
 		stdio: map[string]*containerIO{},
 	}
 }
+
+// UseOrdinarySlack makes the containers this Runtime creates start with the
+// ordinary timer slack (timerslack.Ordinary) rather than the daemon's: for
+// a runtime whose container runs the jail's code itself (gVisor's sandbox,
+// whose timers are the jail's), not agentjail's init. Call it before the
+// first Create.
+func (r *Runtime) UseOrdinarySlack() { r.ordinarySlack = true }
 
 // Create runs `create` for the bundle directory (which holds config.json):
 // the container's process exists, in its namespaces and cgroup, but has not
@@ -138,7 +148,12 @@ func (r *Runtime) Create(ctx context.Context, id, bundle string) (pid int, err e
 
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 	defer cancel()
-	err = r.rc.Create(cctx, id, bundle, &runc.CreateOpts{IO: pipes, PidFile: pidFile})
+	create := func() error { return r.rc.Create(cctx, id, bundle, &runc.CreateOpts{IO: pipes, PidFile: pidFile}) }
+	if r.ordinarySlack {
+		err = timerslack.StartOrdinary(create)
+	} else {
+		err = create()
+	}
 	// Only the container (if it exists) holds the write ends from here on:
 	// go-runc closes its copies once runc started, this covers the case
 	// where runc never started.

@@ -1,0 +1,93 @@
+package integration
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/agentjail/agentjail/internal/timerslack"
+)
+
+// TestTimerSlack: the daemon and each jail's init and shims run with the
+// coarse timer slack (internal/timerslack), and every process of the
+// jail's user with the ordinary one: a command, what it leaves running,
+// and that process again in a branch restored by CRIU.
+func TestTimerSlack(t *testing.T) {
+	d := shared(t)
+	coarse := strconv.FormatInt(timerslack.Coarse.Nanoseconds(), 10)
+	ordinary := strconv.FormatInt(timerslack.Ordinary.Nanoseconds(), 10)
+	if got := slackOf(t, strconv.Itoa(d.pid)); got != coarse {
+		t.Errorf("the daemon's timer slack is %s ns, want %s", got, coarse)
+	}
+	j := d.createJail(t, nil)
+	if got := strings.TrimSpace(d.mustSh(t, j.ID, "cat /proc/self/timerslack_ns")); got != ordinary {
+		t.Errorf("a command's timer slack is %s ns, want %s", got, ordinary)
+	}
+	d.mustSh(t, j.ID, "setsid -f sleep 1000 >/dev/null 2>&1 </dev/null")
+
+	// check looks at every process in jail id's cgroup: agentjail's own
+	// (init, the shims) must have own, the user's ordinary.
+	check := func(id, own string) {
+		t.Helper()
+		var inits, sleeps int
+		for _, pid := range cgroupProcs(t, id) {
+			cmdline, err := os.ReadFile("/proc/" + pid + "/cmdline")
+			if err != nil {
+				continue // gone meanwhile
+			}
+			argv := strings.Split(string(cmdline), "\x00")
+			want := ordinary
+			switch {
+			case len(argv) > 1 && strings.HasSuffix(argv[0], "agentjail") && argv[1] == "init":
+				want = own
+				inits++
+			case argv[0] == "sleep":
+				sleeps++
+			}
+			if got := slackOf(t, pid); got != want {
+				t.Errorf("jail %s: %q (pid %s) has timer slack %s ns, want %s", id, argv, pid, got, want)
+			}
+		}
+		if inits == 0 || sleeps != 1 {
+			t.Errorf("jail %s: %d of agentjail's processes and %d sleep in its cgroup, want init and one sleep", id, inits, sleeps)
+		}
+	}
+	check(j.ID, coarse)
+	// CRIU gives every restored process the slack of the restore.
+	s := d.takeSnapshot(t, j.ID, "full")
+	b := d.branch(t, s.ID, 1)[0]
+	check(b.ID, ordinary)
+
+	// gVisor's sandbox runs the jail's code: its timers are the jail's.
+	g := d.createJail(t, map[string]any{"isolation": map[string]any{"level": "gvisor"}})
+	procs := cgroupProcs(t, g.ID)
+	if len(procs) == 0 {
+		t.Fatalf("no process in gVisor jail %s's cgroup", g.ID)
+	}
+	for _, pid := range procs {
+		if got := slackOf(t, pid); got != ordinary {
+			t.Errorf("gVisor jail %s: pid %s has timer slack %s ns, want %s", g.ID, pid, got, ordinary)
+		}
+	}
+}
+
+// cgroupProcs lists the processes in jail id's pids cgroup.
+func cgroupProcs(t *testing.T, id string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/sys/fs/cgroup/pids" + jailCgroupOf(id) + "/cgroup.procs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(data))
+}
+
+// slackOf reads process pid's timer slack.
+func slackOf(t *testing.T, pid string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + pid + "/timerslack_ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
