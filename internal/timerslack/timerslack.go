@@ -38,8 +38,8 @@ const (
 	Ordinary = 50 * time.Microsecond
 )
 
-// Get returns the calling thread's timer slack.
-func Get() (time.Duration, error) {
+// get returns the calling thread's timer slack.
+func get() (time.Duration, error) {
 	ns, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
 	if err != nil {
 		return 0, fmt.Errorf("get timer slack: %w", err)
@@ -71,7 +71,7 @@ var ErrNotSet = errors.New("the kernel keeps this thread's timer slack")
 func Reexec() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	cur, err := Get()
+	cur, err := get()
 	if err != nil || cur == Coarse {
 		return err
 	}
@@ -82,7 +82,7 @@ func Reexec() error {
 	if err := set(Coarse); err != nil {
 		return err
 	}
-	if got, err := Get(); err != nil || got != Coarse {
+	if got, err := get(); err != nil || got != Coarse {
 		_ = set(cur)
 		return fmt.Errorf("re-execute with timer slack %v: %w", Coarse, ErrNotSet)
 	}
@@ -99,7 +99,7 @@ func Reexec() error {
 func StartOrdinary(start func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	cur, err := Get()
+	cur, err := get()
 	if err != nil || cur == Ordinary || set(Ordinary) != nil {
 		return start()
 	}

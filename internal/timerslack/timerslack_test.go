@@ -50,7 +50,7 @@ func helper() int {
 	runtime.LockOSThread()
 	other := make(chan time.Duration)
 	go func() {
-		d, _ := Get()
+		d, _ := get()
 		other <- d
 	}()
 	fmt.Printf("%d %s %s %d\n", os.Getpid(), strings.Join(os.Args[1:], ","), bytes.TrimSpace(main), (<-other).Nanoseconds())
@@ -84,7 +84,7 @@ func TestReexec(t *testing.T) {
 func coarseThread(t *testing.T) {
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
-	cur, err := Get()
+	cur, err := get()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestOrdinary(t *testing.T) {
 	if got := strings.TrimSpace(string(child)); got != strconv.FormatInt(Ordinary.Nanoseconds(), 10) {
 		t.Errorf("a process started in StartOrdinary has slack %s ns, want %d", got, Ordinary.Nanoseconds())
 	}
-	if d, err := Get(); err != nil || d != Coarse {
+	if d, err := get(); err != nil || d != Coarse {
 		t.Errorf("after StartOrdinary the thread's slack is %v (%v), want it back at %v", d, err, Coarse)
 	}
 }
