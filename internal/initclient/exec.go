@@ -46,6 +46,9 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 		stderr = io.Discard
 	}
 	req.Stdin = stdin != nil
+	// Without a stdin stream nothing is sent while the command runs: init
+	// need not announce its start nor wait for a release.
+	req.Brief = !req.Stdin && !req.Detach && req.PTY == nil
 	// Until the pid is known, cancelling fails the connection's I/O and
 	// closes it, which init treats as a cancellation.
 	cn, t, payload, err := c.start(ctx, "exec", initproto.MsgExec, req, req.Stdin)
@@ -60,7 +63,10 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 			cn.Close()
 		}
 	}()
+	// A brief exec's first frame is already its output or exit (an init
+	// that predates brief execs answers Started all the same).
 	var started initproto.Started
+	brief := false
 	switch t {
 	case initproto.MsgStarted:
 		if err := initproto.Decode(t, payload, &started); err != nil {
@@ -69,6 +75,11 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 	case initproto.MsgError:
 		reuse = true // init awaits the next request
 		return initproto.ExitStatus{}, decodeError(payload)
+	case initproto.MsgStdout, initproto.MsgStderr, initproto.MsgExit:
+		if !req.Brief {
+			return initproto.ExitStatus{}, unexpected("exec", t)
+		}
+		brief = true
 	default:
 		return initproto.ExitStatus{}, unexpected("exec", t)
 	}
@@ -84,6 +95,14 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 			// tree over a second connection: this one may be blocked behind
 			// stdin the command does not read.
 			cn.SetReadDeadline(time.Now().Add(killTimeout))
+			if brief {
+				// The pid is not known yet: half-closing the connection
+				// has init kill the tree and still send the exit.
+				if hc, ok := cn.Conn.(interface{ CloseWrite() error }); !ok || hc.CloseWrite() != nil {
+					cn.Close()
+				}
+				return
+			}
 			go func() {
 				kctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 				defer cancel()
@@ -99,12 +118,14 @@ func (c *Client) Exec(ctx context.Context, req initproto.ExecRequest, stdin io.R
 	// the next call, unless the exec was cut short.
 	release := func() {
 		if cn.keep && writeErr == nil && stop() {
-			reuse = initproto.WriteFrame(cn, initproto.MsgRelease, nil) == nil
+			reuse = brief || initproto.WriteFrame(cn, initproto.MsgRelease, nil) == nil
 		}
 	}
 
-	for {
-		t, payload, err := cn.read()
+	for first := brief; ; first = false {
+		if !first {
+			t, payload, err = cn.read()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return initproto.ExitStatus{Pid: started.Pid}, ctx.Err()

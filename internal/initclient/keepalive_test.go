@@ -147,12 +147,43 @@ func TestKeepAliveOlderInit(t *testing.T) {
 // target. It returns the count of such requests.
 func olderInit(t *testing.T, sock, target string, unknown initproto.MsgType) *atomic.Int64 {
 	t.Helper()
+	var asked atomic.Int64
+	serveConns(t, sock, func(nc net.Conn) {
+		typ, payload, err := initproto.ReadFrame(nc, nil)
+		if err != nil {
+			return
+		}
+		if typ == unknown {
+			asked.Add(1)
+			_ = initproto.WriteJSON(nc, initproto.MsgError, initproto.Error{Kind: initproto.KindInvalid, Message: "unknown request type " + typ.String()})
+			return
+		}
+		up, err := net.Dial("unix", target)
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		if err := initproto.WriteFrame(up, typ, payload); err != nil {
+			return
+		}
+		go func() {
+			_, _ = io.Copy(up, nc)
+			up.(*net.UnixConn).CloseWrite()
+		}()
+		_, _ = io.Copy(nc, up)
+	})
+	return &asked
+}
+
+// serveConns listens on sock until the test ends and serves each
+// connection with serve, which closes it on return.
+func serveConns(t *testing.T, sock string, serve func(net.Conn)) {
+	t.Helper()
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	var asked atomic.Int64
 	go func() {
 		for {
 			nc, err := l.Accept()
@@ -161,30 +192,8 @@ func olderInit(t *testing.T, sock, target string, unknown initproto.MsgType) *at
 			}
 			go func() {
 				defer nc.Close()
-				typ, payload, err := initproto.ReadFrame(nc, nil)
-				if err != nil {
-					return
-				}
-				if typ == unknown {
-					asked.Add(1)
-					_ = initproto.WriteJSON(nc, initproto.MsgError, initproto.Error{Kind: initproto.KindInvalid, Message: "unknown request type " + typ.String()})
-					return
-				}
-				up, err := net.Dial("unix", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				if err := initproto.WriteFrame(up, typ, payload); err != nil {
-					return
-				}
-				go func() {
-					_, _ = io.Copy(up, nc)
-					up.(*net.UnixConn).CloseWrite()
-				}()
-				_, _ = io.Copy(nc, up)
+				serve(nc)
 			}()
 		}
 	}()
-	return &asked
 }

@@ -227,6 +227,9 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 		c.broken = true
 		return newError(initproto.KindInvalid, "", "an exec with a terminal, a stdin stream or detach needs a connection of its own, not a keep-alive one")
 	}
+	if req.Brief && (req.PTY != nil || req.Detach || req.Stdin) {
+		return newError(initproto.KindInvalid, "", "a brief exec has no terminal, stdin stream or detach")
+	}
 	if req.PTY != nil {
 		return s.startSession(c, req)
 	}
@@ -243,7 +246,7 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	s.mu.Unlock()
 	defer s.execs.Done()
 	if fail != nil {
-		return sendStartFailure(c, fail, initproto.MsgStderr)
+		return sendStartFailure(c, fail, initproto.MsgStderr, req.Brief)
 	}
 
 	sh, err := s.shims.get()
@@ -251,7 +254,7 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 		// Out of processes: the command could not start, as a shell's
 		// fork would say.
 		s.log.Printf("exec %q: %v", req.Argv[0], err)
-		return sendStartFailure(c, execFailure(req.Argv[0], unix.EAGAIN), initproto.MsgStderr)
+		return sendStartFailure(c, execFailure(req.Argv[0], unix.EAGAIN), initproto.MsgStderr, req.Brief)
 	}
 	if err != nil {
 		return err
@@ -262,7 +265,7 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 	}
 	if ex.failure != nil {
 		s.shims.put(sh)
-		return sendStartFailure(c, ex.failure, initproto.MsgStderr)
+		return sendStartFailure(c, ex.failure, initproto.MsgStderr, req.Brief)
 	}
 	ex.proc = &process{shim: sh, info: initproto.ProcessInfo{
 		Pid: ex.pid, Argv: req.Argv, Cwd: spec.Dir, User: id.Name, StartedAt: ex.start, TimeoutMs: req.TimeoutMs,
@@ -279,10 +282,12 @@ func (s *Server) exec(c *conn, req *initproto.ExecRequest) error {
 
 // sendStartFailure answers an exec whose executable could not be run as a
 // process that printed why (on stream, MsgStderr or MsgStdout) and exited
-// with the shell's code.
-func sendStartFailure(c *conn, f *startFailure, stream initproto.MsgType) error {
-	if err := c.sendJSON(initproto.MsgStarted, initproto.Started{}); err != nil {
-		return nil
+// with the shell's code (without MsgStarted for a brief exec).
+func sendStartFailure(c *conn, f *startFailure, stream initproto.MsgType, brief bool) error {
+	if !brief {
+		if err := c.sendJSON(initproto.MsgStarted, initproto.Started{}); err != nil {
+			return nil
+		}
 	}
 	if err := c.send(stream, []byte(f.Message)); err != nil {
 		return nil
@@ -426,9 +431,11 @@ func (s *Server) runOnShim(sh *shimProc, spec *shimSpec, fds []int) (int, unix.E
 // run streams the command's I/O until it exits and sends Exit.
 func (ex *execution) run() {
 	s := ex.srv
-	if err := ex.c.sendJSON(initproto.MsgStarted, initproto.Started{Pid: ex.pid}); err != nil {
-		ex.connDead.Store(true)
-		ex.proc.kill()
+	if !ex.req.Brief {
+		if err := ex.c.sendJSON(initproto.MsgStarted, initproto.Started{Pid: ex.pid}); err != nil {
+			ex.connDead.Store(true)
+			ex.proc.kill()
+		}
 	}
 	var pumps sync.WaitGroup
 	pumps.Add(2)
@@ -449,19 +456,31 @@ func (ex *execution) run() {
 	// of the exit: a request that follows it (emptying the pool before a
 	// snapshot) sees the pool as the command left it.
 	s.releaseShim(ex.sh, res, shimOK)
+	// The client of a brief exec on a keep-alive connection sends its next
+	// request right after Exit: the reader stops before, so that it cannot
+	// take that request for its own.
+	stopped, released := ex.req.Brief && ex.c.keep, false
+	if stopped {
+		ex.c.c.SetReadDeadline(time.Now())
+		released = <-readerDone
+		ex.c.c.SetReadDeadline(time.Time{})
+	}
 	if !ex.connDead.Load() {
 		if err := ex.c.sendJSON(initproto.MsgExit, status); err != nil {
 			ex.connDead.Store(true)
 		}
 	}
 	// A keep-alive connection carries the next request once the client
-	// released it (readClient returns at its MsgRelease); any other is
-	// done.
+	// released it (readClient returns at its MsgRelease, or for a brief
+	// exec at the stop); any other is done.
 	if !ex.c.keep || ex.connDead.Load() {
 		ex.c.broken = true
 		ex.c.c.Close()
 	}
-	if released := <-readerDone; !released {
+	if !stopped {
+		released = <-readerDone
+	}
+	if !released {
 		ex.c.broken = true
 	}
 }
@@ -612,6 +631,10 @@ func (ex *execution) readClient(done chan<- bool) {
 	released := false
 	defer func() { done <- released }()
 	defer recoverPanic(ex.srv.log, "exec client reader")
+	if ex.req.Brief && ex.c.keep {
+		released = ex.awaitHangUp()
+		return
+	}
 	stdinOpen := ex.stdin != nil
 	for {
 		t, payload, err := ex.c.read()
@@ -649,6 +672,25 @@ func (ex *execution) readClient(done chan<- bool) {
 			ex.srv.log.Printf("exec pid %d: ignoring %s frame", ex.pid, t)
 		}
 	}
+}
+
+// awaitHangUp watches the connection of a brief exec on a keep-alive
+// connection, whose client sends nothing before Exit: the client's
+// hang-up (or half-close) kills the command, and so does a frame, which
+// breaks the protocol. It reports whether the connection is still fit
+// for the next request when run stopped the watch (its read deadline).
+func (ex *execution) awaitHangUp() bool {
+	_, err := ex.c.r.Peek(1)
+	if errors.Is(err, os.ErrDeadlineExceeded) && ex.ended.Load() {
+		return true
+	}
+	if err == nil {
+		ex.srv.log.Printf("exec pid %d: the client of a brief exec sent a frame; killing the command", ex.pid)
+	}
+	if !ex.ended.Load() {
+		ex.proc.kill()
+	}
+	return false
 }
 
 // errPeerGone reports a client that closed its connection while stdin

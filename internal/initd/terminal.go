@@ -162,7 +162,7 @@ func (s *Server) startSession(c *conn, req *initproto.ExecRequest) error {
 	if fail != nil {
 		defer s.execs.Done()
 		fail.Message = strings.ReplaceAll(fail.Message, "\n", "\r\n")
-		return sendStartFailure(c, fail, initproto.MsgStdout)
+		return sendStartFailure(c, fail, initproto.MsgStdout, false)
 	}
 	ss, fail, err := s.newSession(&r, &opts, spec, id, shell)
 	if err != nil || fail != nil {
@@ -171,7 +171,7 @@ func (s *Server) startSession(c *conn, req *initproto.ExecRequest) error {
 			return err
 		}
 		fail.Message = strings.ReplaceAll(fail.Message, "\n", "\r\n")
-		return sendStartFailure(c, fail, initproto.MsgStdout)
+		return sendStartFailure(c, fail, initproto.MsgStdout, false)
 	}
 	return ss.serve(c, false, true)
 }

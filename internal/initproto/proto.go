@@ -24,7 +24,11 @@
 //     chunks as they are produced, then exactly one MsgExit (JSON ExitStatus)
 //     and closes the connection. A client that closes the connection before
 //     MsgExit gets the command and all its descendants killed. Another
-//     connection may Signal or Kill the process by its pid.
+//     connection may Signal or Kill the process by its pid. A Brief exec
+//     (no stdin stream, terminal or Detach) is answered without MsgStarted:
+//     the output chunks and MsgExit (which carries the pid) come first, or
+//     MsgError; its client may half-close the connection (or close it) to
+//     have the command killed.
 //   - ReadFile: init answers MsgOK (JSON FileInfo) or MsgError, then after
 //     MsgOK streams MsgData frames ended by MsgEOF, or by MsgError when
 //     reading fails midway.
@@ -47,8 +51,10 @@
 // another request is answered MsgError and the connection closed. An Exec
 // on a keep-alive connection ends with the client's MsgRelease after init's
 // MsgExit (init ignores a MsgRelease where it awaits a request, as after
-// an exec that could not start); closing the connection before MsgExit
-// kills the command as on any connection. Init closes a keep-alive
+// an exec that could not start), except a Brief one, after whose MsgExit
+// the connection carries the next request at once (the client sends
+// nothing while it runs); closing the connection before MsgExit kills the
+// command as on any connection. Init closes a keep-alive
 // connection only between operations, before reading a request (when a
 // checkpoint is being prepared, see MsgShims, or after IdleTimeout
 // without a request): a request sent on a connection that init closed

@@ -76,6 +76,11 @@ type ExecRequest struct {
 	// Detach makes the command outlive its connection (see the package
 	// documentation); ignored with PTY, whose sessions always do.
 	Detach bool `json:"detach,omitempty"`
+	// Brief asks for no MsgStarted and, on a keep-alive connection, no
+	// MsgRelease (see the package documentation); only without Stdin,
+	// Detach and PTY. An init that predates it ignores it and answers as
+	// to any exec.
+	Brief bool `json:"brief,omitempty"`
 	// PTY makes the command a terminal session (see the package
 	// documentation). Argv may then be empty: the user's login shell from
 	// the jail's /etc/passwd runs, as a login shell ("-l").
