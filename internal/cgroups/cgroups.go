@@ -267,12 +267,18 @@ func readKey(dir, file, key string, v *uint64) error {
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
+	return parseKey(b, filepath.Join(dir, file), key, v)
+}
+
+// parseKey finds key's value in b, the "key value" lines of file (0 when
+// key is absent).
+func parseKey(b []byte, file, key string, v *uint64) error {
 	for _, line := range strings.Split(string(b), "\n") {
 		k, val, ok := strings.Cut(line, " ")
 		if ok && k == key {
 			n, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
 			if err != nil {
-				return fmt.Errorf("cgroup: %s/%s: %s: %w", dir, file, key, err)
+				return fmt.Errorf("cgroup: %s: %s: %w", file, key, err)
 			}
 			*v = n
 			return nil
@@ -338,6 +344,7 @@ func Remove(path string) error {
 	if err := checkPath(path); err != nil {
 		return err
 	}
+	CloseFiles(path)
 	for _, top := range Dirs(path) {
 		var dirs []string
 		err := filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {
@@ -400,29 +407,6 @@ func SwapAccounting() bool {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
-}
-
-// OOMKills reads only the memory controller's count of OOM kills of path
-// (cheaper than Read on the exec path); errdefs.ErrNotFound when the
-// cgroup has no memory directory.
-func OOMKills(path string) (uint64, error) {
-	if err := checkPath(path); err != nil {
-		return 0, err
-	}
-	dir, v2 := dirOf("memory", path)
-	if dir == "" {
-		return 0, errdefs.NotFoundf("cgroup %s has no memory controller directory", path)
-	}
-	file := "memory.oom_control"
-	if v2 {
-		file = "memory.events"
-	}
-	var n uint64
-	err := readKey(dir, file, "oom_kill", &n)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, errdefs.NotFoundf("cgroup %s has no memory controller directory", path)
-	}
-	return n, err
 }
 
 // Kill SIGKILLs every process in path's directory of the unified

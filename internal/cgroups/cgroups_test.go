@@ -193,6 +193,11 @@ func TestReadLimitsAndOOM(t *testing.T) {
 	if err := Remove(path); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("Remove with a process inside: %v, want ErrConflict", err)
 	}
+	// Read before the kill, through the file OOMKills keeps open: the
+	// count read after it through the same file must be the new one.
+	if n, err := OOMKills(path); err != nil || n != 0 {
+		t.Fatalf("OOMKills before the hog runs = %d, %v; want 0", n, err)
+	}
 
 	// Let the hog run into the limit.
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
@@ -216,11 +221,17 @@ func TestReadLimitsAndOOM(t *testing.T) {
 		t.Fatalf("OOMKills = %d, %v; Read says %d", n, err, s.OOMKills)
 	}
 
+	if n := keptOOMFiles(t, memDir); n != 1 {
+		t.Fatalf("%d files kept open for OOMKills, want 1", n)
+	}
 	if err := Remove(path); err != nil {
 		t.Fatal(err)
 	}
 	if d := Dirs(path); len(d) != 0 {
 		t.Fatalf("left after Remove: %v", d)
+	}
+	if n := keptOOMFiles(t, memDir); n != 0 {
+		t.Fatalf("%d files of the removed cgroup still open", n)
 	}
 	if err := Remove(path); err != nil {
 		t.Fatalf("second Remove: %v", err)
@@ -264,4 +275,61 @@ func TestUnlimitedIsReported(t *testing.T) {
 	if err := Remove(path); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestOOMKillsKeptFile: the file OOMKills keeps open follows its cgroup
+// being removed and made again under it (as the runtime does when a jail
+// restarts), and CloseFiles closes it.
+func TestOOMKillsKeptFile(t *testing.T) {
+	testenv.RequireRoot(t)
+	path := fmt.Sprintf("/agentjail-test-kept-%d", os.Getpid())
+	memDir, _ := dirOf("memory", path)
+	for range 2 {
+		dirs := testCgroup(t, path)
+		for range 3 {
+			if n, err := OOMKills(path); err != nil || n != 0 {
+				t.Fatalf("OOMKills = %d, %v", n, err)
+			}
+		}
+		if n := keptOOMFiles(t, memDir); n != 1 {
+			t.Fatalf("%d files kept open for OOMKills, want 1", n)
+		}
+		for _, d := range dirs {
+			if err := unix.Rmdir(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := OOMKills(path); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("OOMKills of a removed cgroup: %v, want ErrNotFound", err)
+	}
+	if n := keptOOMFiles(t, memDir); n != 0 {
+		t.Fatalf("%d files kept open for a removed cgroup", n)
+	}
+	testCgroup(t, path)
+	if _, err := OOMKills(path); err != nil {
+		t.Fatal(err)
+	}
+	CloseFiles(path)
+	if n := keptOOMFiles(t, memDir); n != 0 {
+		t.Fatalf("%d files kept open after CloseFiles", n)
+	}
+}
+
+// keptOOMFiles counts this process's descriptors open on an OOM file in
+// dir (a removed file's link ends in " (deleted)").
+func keptOOMFiles(t *testing.T, dir string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err == nil && strings.HasPrefix(l, dir+"/memory.") {
+			n++
+		}
+	}
+	return n
 }

@@ -961,7 +961,11 @@ func (b *Backend) kill(ctx context.Context, id string, pid int) error {
 			return fmt.Errorf("jail %s: init (pid %d) did not exit after SIGKILL: %w", id, pid, err)
 		}
 	}
-	if err := b.runtime.Delete(ctx, id, true); err != nil {
+	err := b.runtime.Delete(ctx, id, true)
+	// What the daemon keeps open of the cgroup would keep it from being
+	// freed.
+	cgroups.CloseFiles(string(hostjail.CgroupOf(id)))
+	if err != nil {
 		return fmt.Errorf("delete container: %w", err)
 	}
 	return nil
