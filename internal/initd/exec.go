@@ -459,11 +459,15 @@ func (ex *execution) run() {
 	// The client of a brief exec on a keep-alive connection sends its next
 	// request right after Exit: the reader stops before, so that it cannot
 	// take that request for its own.
-	stopped, released := ex.req.Brief && ex.c.keep, false
-	if stopped {
-		ex.c.c.SetReadDeadline(time.Now())
-		released = <-readerDone
-		ex.c.c.SetReadDeadline(time.Time{})
+	stopped, released := false, false
+	if ex.req.Brief && ex.c.keep {
+		if ex.c.c.SetReadDeadline(time.Now()) == nil {
+			stopped = true
+			released = <-readerDone
+			ex.c.c.SetReadDeadline(time.Time{})
+		} else {
+			ex.c.broken = true // the reader cannot be stopped: close after Exit
+		}
 	}
 	if !ex.connDead.Load() {
 		if err := ex.c.sendJSON(initproto.MsgExit, status); err != nil {
@@ -473,7 +477,7 @@ func (ex *execution) run() {
 	// A keep-alive connection carries the next request once the client
 	// released it (readClient returns at its MsgRelease, or for a brief
 	// exec at the stop); any other is done.
-	if !ex.c.keep || ex.connDead.Load() {
+	if !ex.c.keep || ex.c.broken || ex.connDead.Load() {
 		ex.c.broken = true
 		ex.c.c.Close()
 	}
