@@ -54,22 +54,9 @@ func OOMKills(path string) (uint64, error) {
 // name opened anew.
 func readKept(path, name string, buf []byte) ([]byte, error) {
 	for {
-		oomFiles.Lock()
-		f, kept := oomFiles.m[path]
-		oomFiles.Unlock()
-		if !kept {
-			var err error
-			if f, err = os.Open(name); err != nil {
-				return nil, err
-			}
-			oomFiles.Lock()
-			if old, ok := oomFiles.m[path]; ok {
-				f.Close()
-				f = old
-			} else {
-				oomFiles.m[path] = f
-			}
-			oomFiles.Unlock()
+		f, kept, err := keptFile(path, name)
+		if err != nil {
+			return nil, err
 		}
 		n, err := pread(f, buf)
 		if err == nil {
@@ -80,6 +67,21 @@ func readKept(path, name string, buf []byte) ([]byte, error) {
 			return nil, &fs.PathError{Op: "read", Path: name, Err: err}
 		}
 	}
+}
+
+// keptFile returns the file kept open for the cgroup path, opening name
+// when there is none; kept says whether it was open before.
+func keptFile(path, name string) (f *os.File, kept bool, err error) {
+	oomFiles.Lock()
+	defer oomFiles.Unlock()
+	if f, ok := oomFiles.m[path]; ok {
+		return f, true, nil
+	}
+	if f, err = os.Open(name); err != nil {
+		return nil, false, err
+	}
+	oomFiles.m[path] = f
+	return f, false, nil
 }
 
 // pread reads f from its start in one system call (a cgroup file's whole
@@ -103,7 +105,8 @@ func pread(f *os.File, buf []byte) (n int, err error) {
 	return n, err
 }
 
-// dropKept closes f, path's kept file, unless another was kept since.
+// dropKept closes f and forgets it as path's kept file (unless another
+// is kept by now).
 func dropKept(path string, f *os.File) {
 	oomFiles.Lock()
 	if oomFiles.m[path] == f {

@@ -29,22 +29,19 @@ type Cgroup string
 // "Noisy neighbours"). A jail made by a daemon of the earlier layout,
 // adopted after an upgrade, keeps its "/agentjail/<id>".
 func CgroupOf(id string) Cgroup {
-	if c, ok := layouts.Load(id); ok {
+	if c, ok := legacy.Load(id); ok {
 		return c.(Cgroup)
 	}
-	c := Cgroup("/agentjail-" + id)
-	if old := Cgroup("/agentjail/" + id); cgroups.Exists(string(old)) {
-		c = old
+	if c := Cgroup("/agentjail/" + id); cgroups.Exists(string(c)) {
+		legacy.Store(id, c)
+		return c
 	}
-	layouts.Store(id, c)
-	return c
+	return Cgroup("/agentjail-" + id)
 }
 
-// layouts holds each jail's cgroup once looked up (it is on the path of
-// every exec), until Release has removed it: a partly removed cgroup is
-// still found. No cgroup of the earlier layout is made after the daemon
-// started, so a jail's layout never changes while it is known.
-var layouts sync.Map // id → Cgroup
+// legacy holds the jails found in cgroups of the earlier layout, until
+// Release has removed them: a partly removed cgroup is still found.
+var legacy sync.Map // id → Cgroup
 
 // Stats reads the jail's usage from its cgroup and from its disk mounted
 // at disk.
@@ -177,7 +174,7 @@ func Release(ctx context.Context, n *Network, pool *storage.Pool, id string, roo
 	if err := cgroups.Remove(string(CgroupOf(id))); err != nil {
 		errs = append(errs, fmt.Errorf("cgroup: %w", err))
 	} else {
-		layouts.Delete(id)
+		legacy.Delete(id)
 	}
 	for _, r := range roots {
 		if err := storage.Unmount(r); err != nil {
