@@ -29,7 +29,13 @@
 #     /sys/fs/cgroup) is extracted by CRIU itself instead of by starting tar
 #     (about 5 ms per mount and restore);
 #   - script-actions: CRIU_SCRIPT_ACTIONS limits the actions an action script
-#     is started at (agentjail's acts at post-dump only);
+#     is started at (agentjail's acts at one action only);
+#   - wait-async-scripts: CRIU_SCRIPT_ASYNC names actions whose scripts CRIU
+#     starts without waiting; it waits for them before any later action's
+#     scripts and at the end of every dump (a failed one fails the dump), so
+#     agentjail's copy of the jail's disk (a filesystem freeze that mostly
+#     waits on the kernel) runs beside the dump of the jail's memory
+#     instead of after it, while the jail is frozen;
 #   - passcred: Linux >= 6.16 answers EOPNOTSUPP when SO_PASSCRED or
 #     SO_PASSSEC is read of a socket other than unix or netlink, and CRIU
 #     read them of every socket, so no process holding a TCP or UDP socket

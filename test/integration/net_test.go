@@ -434,6 +434,16 @@ except OSError as e:
 	if got := hd.mustSh(t, host.ID, "stat -L -c %i /proc/self/ns/net"); got != fmt.Sprintf("%d\n", st.Ino) {
 		t.Errorf("a jail in mode host is in network namespace %q, want the host's %d", got, st.Ino)
 	}
+	// CRIU locks no network of a jail in the host's namespace: its disk is
+	// copied at post-dump instead of at network-lock, and still matches
+	// the processes' snapshot.
+	hd.mustSh(t, host.ID, "echo before > /workspace/f")
+	snap := hd.takeSnapshot(t, host.ID, "full")
+	hd.mustSh(t, host.ID, "echo after > /workspace/f")
+	restored := hd.restoreSnapshot(t, snap.ID)
+	if got := hd.mustSh(t, restored.ID, "cat /workspace/f"); got != "before\n" {
+		t.Errorf("a restored snapshot of a jail in mode host holds %q, want the file as it was at the snapshot", got)
+	}
 }
 
 // TestNetworkBridgeDirectByName: a jail in bridge mode whose config allows

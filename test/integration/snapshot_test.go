@@ -485,6 +485,48 @@ func TestSnapshotUndumpableFailsAndJailRuns(t *testing.T) {
 	d.waitCounting(t, j.ID, before)
 }
 
+// TestSnapshotFailingDumpLeavesNoDiskCopy makes CRIU fail after the action
+// script started copying the jail's disk beside the dump: a deleted file
+// larger than CRIU saves of deleted files (1 MiB), held open, fails the
+// dump of the process's files, which CRIU dumps after it started the
+// script at network-lock. The snapshot fails with a 422 naming the
+// process; CRIU waited for the copy, so the daemon's clean-up finds it and
+// nothing of the snapshot stays (no disk copy in the pool, no snapshot
+// directory); the jail's disk is thawed and takes writes.
+func TestSnapshotFailingDumpLeavesNoDiskCopy(t *testing.T) {
+	d := shared(t)
+	j := snapJail(t, d)
+	holder := `setsid -f python3 -c 'import os, time
+f = open("/workspace/big", "wb")
+f.write(os.urandom(4 << 20))
+f.flush()
+os.unlink("/workspace/big")
+time.sleep(3600)' >/dev/null 2>&1 </dev/null`
+	if res := d.shAs(t, j.ID, "", holder); res.ExitCode != 0 {
+		t.Fatalf("starting the holder of a deleted file: %s", &res)
+	}
+	d.waitSh(t, j.ID, "test ! -e /workspace/big && pgrep -f time.sleep", 10*time.Second, "deleted file not held yet")
+	dirs := []string{filepath.Join(d.dir, "pool", "snapshots"), filepath.Join(d.dir, "snapshots")}
+	var before [][]string
+	for _, dir := range dirs {
+		before = append(before, dirNames(dir))
+	}
+	r := d.api.do(t, "POST", "/jails/"+j.ID+"/snapshot", map[string]any{})
+	if r.status != http.StatusUnprocessableEntity || !strings.Contains(r.errorMessage(), "ghost") {
+		t.Fatalf("want 422 about the deleted file CRIU cannot save, got %s", r)
+	}
+	t.Logf("error: %s", r.errorMessage())
+	for i, dir := range dirs {
+		if after := dirNames(dir); strings.Join(after, " ") != strings.Join(before[i], " ") {
+			t.Errorf("%s held %v before the failed snapshot and %v after", dir, before[i], after)
+		}
+	}
+	res := d.exec(t, j.ID, execReq{Cmd: []string{"sh", "-c", "echo written > /workspace/after && cat /workspace/after"}, TimeoutMs: 10_000})
+	if res.ExitCode != 0 || res.Stdout != "written\n" {
+		t.Fatalf("writing to the jail's disk after the failed snapshot: %s", &res)
+	}
+}
+
 func TestSnapshotFSOnly(t *testing.T) {
 	d := shared(t)
 	j := snapJail(t, d)
