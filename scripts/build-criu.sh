@@ -30,9 +30,10 @@
 #     (about 5 ms per mount and restore);
 #   - script-actions: CRIU_SCRIPT_ACTIONS limits the actions an action script
 #     is started at (agentjail's acts at one action only);
-#   - wait-async-scripts: CRIU_SCRIPT_ASYNC names actions whose scripts CRIU
-#     starts without waiting; it waits for them before any later action's
-#     scripts and at the end of every dump (a failed one fails the dump), so
+#   - wait-async-scripts: CRIU_SCRIPT_ASYNC names actions whose scripts may
+#     leave work running; such a script gets a pipe as descriptor 3 for the
+#     work's status, and CRIU waits for it before any later action's scripts
+#     and at the end of every dump (a failed one fails the dump), so
 #     agentjail's copy of the jail's disk (a filesystem freeze that mostly
 #     waits on the kernel) runs beside the dump of the jail's memory
 #     instead of after it, while the jail is frozen;

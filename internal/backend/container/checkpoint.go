@@ -46,11 +46,12 @@ import (
 //     XFS disk (which quiesces its log, so the copy mounts clean),
 //     reflinks its image and thaws it. The freeze alone takes 30-60 ms
 //     here (three RCU grace periods and a log force): CRIU as
-//     scripts/build-criu.sh builds it runs the network-lock script beside
-//     its dump of the processes' memory (CRIU_SCRIPT_ASYNC) and waits for
-//     it before they run again, so the copy no longer adds to the time the
-//     jail is frozen. Freezing the cgroup beforehand (runc pause) does not
-//     work: CRIU's parasite then never runs and the dump hangs.
+//     scripts/build-criu.sh builds it lets the network-lock script leave
+//     the copy running beside its dump of the processes' memory
+//     (CRIU_SCRIPT_ASYNC) and waits for the copy's status before they run
+//     again, so the copy no longer adds to the time the jail is frozen.
+//     Freezing the cgroup beforehand (runc pause) does not work: CRIU's
+//     parasite then never runs and the dump hangs.
 //   - runc skips the network namespace: a restored jail gets the fresh
 //     namespace the daemon made for it, passed by path in its bundle.
 //     Established TCP connections are dumped (--tcp-established) and
@@ -92,27 +93,40 @@ const (
 
 // hookScript is the CRIU action script of a process checkpoint. It acts at
 // one action (AGENTJAIL_COPY_AT), while the jail's processes are frozen; a
-// non-zero exit fails the checkpoint (and CRIU resumes the jail).
+// non-zero exit, or a copy that failed, fails the checkpoint (and CRIU
+// resumes the jail). A CRIU that lets the script leave work running beside
+// its own hands it descriptor 3 (see scripts/criu-wait-async-scripts.patch):
+// the copy then runs in the background and reports its status there, and
+// CRIU waits for that before the processes run again.
 const hookScript = `#!/bin/sh
 # agentjail: CRIU action script of a jail checkpoint. At the action the
 # daemon names the jail's processes are frozen: copy its control files and
 # its disk so that they match the process images. The jail may be frozen
 # while this runs, so it starts as few programs as it can.
 [ "$CRTOOLS_SCRIPT_ACTION" = "$AGENTJAIL_COPY_AT" ] || exit 0
-set --
-for f in "$AGENTJAIL_CONTROL"/*; do
-	if [ -f "$f" ] && [ ! -L "$f" ]; then
-		set -- "$@" "$f"
+copy() {
+	set --
+	for f in "$AGENTJAIL_CONTROL"/*; do
+		if [ -f "$f" ] && [ ! -L "$f" ]; then
+			set -- "$@" "$f"
+		fi
+	done
+	if [ $# -gt 0 ]; then
+		cp -p "$@" "$AGENTJAIL_SAVE_CONTROL"/ || return 1
 	fi
-done
-if [ $# -gt 0 ]; then
-	cp -p "$@" "$AGENTJAIL_SAVE_CONTROL"/ || exit 1
+	fsfreeze -f "$AGENTJAIL_DISK_MOUNT" || return 1
+	cp --reflink=always "$AGENTJAIL_DISK_IMAGE" "$AGENTJAIL_DISK_COPY"
+	rc=$?
+	fsfreeze -u "$AGENTJAIL_DISK_MOUNT" || return 1
+	return $rc
+}
+# Descriptor 3, when CRIU gives it, takes the copy's status; CRIU waits for
+# it before the jail's processes run again.
+if { true >&3; } 2>/dev/null; then
+	{ copy; echo $? >&3; } &
+	exit 0
 fi
-fsfreeze -f "$AGENTJAIL_DISK_MOUNT" || exit 1
-cp --reflink=always "$AGENTJAIL_DISK_IMAGE" "$AGENTJAIL_DISK_COPY"
-rc=$?
-fsfreeze -u "$AGENTJAIL_DISK_MOUNT" || exit 1
-exit $rc
+copy
 `
 
 // restoreHookScript is the CRIU action script of a process restore. It acts
@@ -303,9 +317,9 @@ func (b *Backend) Checkpoint(ctx context.Context, inst backend.Instance, opts ba
 	rc, cctx := b.criuRunc(ctx,
 		"CRIU_CONFIG_FILE="+conf,
 		// CRIU built by scripts/build-criu.sh starts the script at that
-		// action only, and at network-lock without waiting for it before
-		// it dumps the processes; others start it at every action, wait
-		// for it each time, and it exits where it has nothing to do.
+		// action only, and at network-lock lets it leave the copy
+		// running while it dumps the processes; others start it at every
+		// action and it exits where it has nothing to do.
 		"CRIU_SCRIPT_ACTIONS="+copyAt,
 		"CRIU_SCRIPT_ASYNC=network-lock",
 		"AGENTJAIL_COPY_AT="+copyAt,
