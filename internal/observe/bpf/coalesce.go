@@ -39,6 +39,18 @@ var coalescible = func() (c [observe.MaxSyscall]bool) {
 	return c
 }()
 
+// kernelCoalescible returns the kernel side's coalesce_mask: the
+// coalescible calls that decode no strings, addresses or descriptors, whose
+// repetitions the kernel may count in runs of its own (observe.bpf.c).
+func kernelCoalescible() (mask [kernelMaxSyscalls / 64]uint64) {
+	for nr, ok := range coalescible {
+		if ok && argSpecs[nr] == 0 && nr < kernelMaxSyscalls {
+			mask[nr>>6] |= 1 << (nr & 63)
+		}
+	}
+	return mask
+}
+
 // Bounds of the coalescer: the distinct calls one task's run may alternate
 // between, and the tasks that may hold a run at once (more flushes them).
 const (
@@ -101,8 +113,8 @@ func (c *coalescer) hold(ev *observe.Event) bool {
 		for i := range rt.n {
 			r := &rt.runs[i]
 			if r.NR == ev.NR && r.Args == ev.Args && r.Ret == ev.Ret && r.Flags == ev.Flags && r.Comm == ev.Comm {
-				r.Count++
-				r.LastTS = ev.TS
+				r.Count += ev.Calls()
+				r.LastTS = lastStart(ev)
 				r.DurNS += ev.DurNS
 				return true
 			}
@@ -131,9 +143,18 @@ func (c *coalescer) hold(ev *observe.Event) bool {
 	r := &rt.runs[rt.n]
 	rt.n++
 	*r = *ev
-	r.Count = 1
-	r.LastTS = ev.TS
+	r.Count = ev.Calls()
+	r.LastTS = lastStart(ev)
 	return true
+}
+
+// lastStart returns the start of the last call ev stands for: a run the
+// kernel counted carries it, a single call starts at TS.
+func lastStart(ev *observe.Event) int64 {
+	if ev.Count > 1 {
+		return ev.LastTS
+	}
+	return ev.TS
 }
 
 // flush delivers every held run to sink, task by task in the order their

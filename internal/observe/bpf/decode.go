@@ -87,6 +87,11 @@ func (d *decoder) decode(raw []byte, monoOff int64, st *watchState) bool {
 		ev.Ret = e.Ret
 		ev.DurNS = e.Dur
 		ev.FDs = [2]int32{e.Aux[0], e.Aux[1]}
+		if e.Count > 1 {
+			// Repetitions the kernel counted in a run.
+			ev.Count = int64(e.Count)
+			ev.LastTS = int64(e.LastTs) + monoOff
+		}
 		if int(e.Nr) >= len(st.user) || !st.user[e.Nr] {
 			ev.Flags |= observe.FlagInternal
 		}

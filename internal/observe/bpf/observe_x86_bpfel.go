@@ -72,28 +72,45 @@ type observeHdr struct {
 }
 
 type observePending struct {
-	_       structs.HostLayout
-	Ts      uint64
-	Cg      uint64
-	Args    [6]uint64
-	Nr      uint32
-	Active  uint32
-	NsTgid  uint32
-	NsTid   uint32
-	NsValid uint32
-	Record  uint32
+	_        structs.HostLayout
+	Ts       uint64
+	Cg       uint64
+	Args     [6]uint64
+	Nr       uint32
+	Active   uint32
+	NsTgid   uint32
+	NsTid    uint32
+	NsValid  uint32
+	Record   uint32
+	Plumbing uint32
+	Nruns    uint32
+	Runs     [2]struct {
+		_      structs.HostLayout
+		Args   [6]uint64
+		Ret    int64
+		Cg     uint64
+		Ts     uint64
+		LastTs uint64
+		Dur    uint64
+		Comm   [16]int8
+		Nr     uint32
+		Count  uint32
+	}
 }
 
 type observeSysEv struct {
-	_    structs.HostLayout
-	H    observeHdr
-	Nr   uint32
-	Len0 uint16
-	Len1 uint16
-	Args [6]uint64
-	Ret  int64
-	Dur  uint64
-	Aux  [2]int32
+	_      structs.HostLayout
+	H      observeHdr
+	Nr     uint32
+	Len0   uint16
+	Len1   uint16
+	Args   [6]uint64
+	Ret    int64
+	Dur    uint64
+	Aux    [2]int32
+	LastTs uint64
+	Count  uint32
+	Pad    uint32
 }
 
 type observeWatch struct {
@@ -111,14 +128,16 @@ const (
 	observeMapCwdScratch   = "cwd_scratch"
 	observeMapEvents       = "events"
 	observeMapInflight     = "inflight"
-	observeMapPlumbing     = "plumbing"
 	observeMapWatched      = "watched"
 	observeProgSchedExec   = "sched_exec"
 	observeProgSchedExit   = "sched_exit"
 	observeProgSchedFork   = "sched_fork"
+	observeProgSchedSwitch = "sched_switch"
 	observeProgSysEnter    = "sys_enter"
 	observeProgSysExit     = "sys_exit"
 	observeVarArgspec      = "argspec"
+	observeVarCoalesceMask = "coalesce_mask"
+	observeVarHoldNs       = "hold_ns"
 	observeVarUnusedExecEv = "unused_exec_ev"
 	observeVarUnusedExitEv = "unused_exit_ev"
 	observeVarUnusedForkEv = "unused_fork_ev"
@@ -167,11 +186,12 @@ type observeSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeProgramSpecs struct {
-	SchedExec *ebpf.ProgramSpec `ebpf:"sched_exec"`
-	SchedExit *ebpf.ProgramSpec `ebpf:"sched_exit"`
-	SchedFork *ebpf.ProgramSpec `ebpf:"sched_fork"`
-	SysEnter  *ebpf.ProgramSpec `ebpf:"sys_enter"`
-	SysExit   *ebpf.ProgramSpec `ebpf:"sys_exit"`
+	SchedExec   *ebpf.ProgramSpec `ebpf:"sched_exec"`
+	SchedExit   *ebpf.ProgramSpec `ebpf:"sched_exit"`
+	SchedFork   *ebpf.ProgramSpec `ebpf:"sched_fork"`
+	SchedSwitch *ebpf.ProgramSpec `ebpf:"sched_switch"`
+	SysEnter    *ebpf.ProgramSpec `ebpf:"sys_enter"`
+	SysExit     *ebpf.ProgramSpec `ebpf:"sys_exit"`
 }
 
 // observeMapSpecs contains maps before they are loaded into the kernel.
@@ -181,7 +201,6 @@ type observeMapSpecs struct {
 	CwdScratch *ebpf.MapSpec `ebpf:"cwd_scratch"`
 	Events     *ebpf.MapSpec `ebpf:"events"`
 	Inflight   *ebpf.MapSpec `ebpf:"inflight"`
-	Plumbing   *ebpf.MapSpec `ebpf:"plumbing"`
 	Watched    *ebpf.MapSpec `ebpf:"watched"`
 }
 
@@ -190,6 +209,8 @@ type observeMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeVariableSpecs struct {
 	Argspec      *ebpf.VariableSpec `ebpf:"argspec"`
+	CoalesceMask *ebpf.VariableSpec `ebpf:"coalesce_mask"`
+	HoldNs       *ebpf.VariableSpec `ebpf:"hold_ns"`
 	UnusedExecEv *ebpf.VariableSpec `ebpf:"unused_exec_ev"`
 	UnusedExitEv *ebpf.VariableSpec `ebpf:"unused_exit_ev"`
 	UnusedForkEv *ebpf.VariableSpec `ebpf:"unused_fork_ev"`
@@ -219,7 +240,6 @@ type observeMaps struct {
 	CwdScratch *ebpf.Map `ebpf:"cwd_scratch"`
 	Events     *ebpf.Map `ebpf:"events"`
 	Inflight   *ebpf.Map `ebpf:"inflight"`
-	Plumbing   *ebpf.Map `ebpf:"plumbing"`
 	Watched    *ebpf.Map `ebpf:"watched"`
 }
 
@@ -228,7 +248,6 @@ func (m *observeMaps) Close() error {
 		m.CwdScratch,
 		m.Events,
 		m.Inflight,
-		m.Plumbing,
 		m.Watched,
 	)
 }
@@ -238,6 +257,8 @@ func (m *observeMaps) Close() error {
 // It can be passed to loadObserveObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeVariables struct {
 	Argspec      *ebpf.Variable `ebpf:"argspec"`
+	CoalesceMask *ebpf.Variable `ebpf:"coalesce_mask"`
+	HoldNs       *ebpf.Variable `ebpf:"hold_ns"`
 	UnusedExecEv *ebpf.Variable `ebpf:"unused_exec_ev"`
 	UnusedExitEv *ebpf.Variable `ebpf:"unused_exit_ev"`
 	UnusedForkEv *ebpf.Variable `ebpf:"unused_fork_ev"`
@@ -248,11 +269,12 @@ type observeVariables struct {
 //
 // It can be passed to loadObserveObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observePrograms struct {
-	SchedExec *ebpf.Program `ebpf:"sched_exec"`
-	SchedExit *ebpf.Program `ebpf:"sched_exit"`
-	SchedFork *ebpf.Program `ebpf:"sched_fork"`
-	SysEnter  *ebpf.Program `ebpf:"sys_enter"`
-	SysExit   *ebpf.Program `ebpf:"sys_exit"`
+	SchedExec   *ebpf.Program `ebpf:"sched_exec"`
+	SchedExit   *ebpf.Program `ebpf:"sched_exit"`
+	SchedFork   *ebpf.Program `ebpf:"sched_fork"`
+	SchedSwitch *ebpf.Program `ebpf:"sched_switch"`
+	SysEnter    *ebpf.Program `ebpf:"sys_enter"`
+	SysExit     *ebpf.Program `ebpf:"sys_exit"`
 }
 
 func (p *observePrograms) Close() error {
@@ -260,6 +282,7 @@ func (p *observePrograms) Close() error {
 		p.SchedExec,
 		p.SchedExit,
 		p.SchedFork,
+		p.SchedSwitch,
 		p.SysEnter,
 		p.SysExit,
 	)

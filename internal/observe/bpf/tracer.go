@@ -60,13 +60,19 @@ type Config struct {
 	// a record waits in the ring before delivery, and how often lost
 	// counters are read and sinks flushed (default 5 ms). After polls that
 	// found the ring empty the reader sleeps longer, up to eight periods.
-	// The ring must hold what the jails produce in eight periods.
+	// The ring must hold what the jails produce in eight periods. It is
+	// also the longest a running task's repetitions of a call are counted
+	// in the kernel before they are recorded.
 	Poll time.Duration
 }
 
 const (
 	wSyscalls = 1
 	wProc     = 2
+
+	// kernelMaxSyscalls is MAX_SYSCALLS of observe.h: the programs see
+	// calls numbered below it.
+	kernelMaxSyscalls = 512
 )
 
 // watchState is the user-space side of one watched cgroup.
@@ -133,12 +139,18 @@ func OpenConfig(cfg Config) (*Tracer, error) {
 		return nil, fmt.Errorf("observe: parse embedded programs: %w", err)
 	}
 	spec.Maps[observeMapEvents].MaxEntries = uint32(cfg.RingBytes)
-	var specs [512]uint32
+	var specs [kernelMaxSyscalls]uint32
 	for nr, s := range argSpecs {
 		specs[nr] = s
 	}
 	if err := spec.Variables[observeVarArgspec].Set(specs); err != nil {
 		return nil, fmt.Errorf("observe: set argspec: %w", err)
+	}
+	if err := spec.Variables[observeVarCoalesceMask].Set(kernelCoalescible()); err != nil {
+		return nil, fmt.Errorf("observe: set coalesce_mask: %w", err)
+	}
+	if err := spec.Variables[observeVarHoldNs].Set(uint64(cfg.Poll)); err != nil {
+		return nil, fmt.Errorf("observe: set hold_ns: %w", err)
 	}
 
 	t := &Tracer{
@@ -158,7 +170,7 @@ func OpenConfig(cfg Config) (*Tracer, error) {
 			t.release()
 		}
 	}()
-	for _, p := range []*ebpf.Program{t.objs.SysEnter, t.objs.SysExit, t.objs.SchedFork, t.objs.SchedExec, t.objs.SchedExit} {
+	for _, p := range []*ebpf.Program{t.objs.SysEnter, t.objs.SysExit, t.objs.SchedFork, t.objs.SchedExec, t.objs.SchedExit, t.objs.SchedSwitch} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceRawTp})
 		if err != nil {
 			return nil, notSupported("attach "+p.String(), err)
@@ -552,6 +564,7 @@ func (t *Tracer) dispatch(raw []byte) {
 	if !t.dec.decode(raw, t.monoOff.Load(), st) {
 		return
 	}
+
 	st.runs.handle(ev, st.sink)
 }
 

@@ -145,6 +145,77 @@ func TestRepeatedCallsCounted(t *testing.T) {
 	t.Logf("%d reads and %d writes in %d and %d events", calls["read"], calls["write"], events["read"], events["write"])
 }
 
+// TestRepetitionsSeenWhileBlocked: the repetitions a task counted in the
+// kernel reach the sink while the task waits in the same call, not only
+// when that call returns. dd reads a pipe a byte at a time: it repeats
+// read(0, buf, 1) = 1 for every byte written, then blocks in one more
+// identical read until the pipe has more.
+func TestRepetitionsSeenWhileBlocked(t *testing.T) {
+	tr := tracer(t)
+	const n = 5000
+	cg := newCgroup(t)
+	col := &collector{}
+	if err := tr.Watch(cg.id, "test", Options{Sink: col}); err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Unwatch(cg.id)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := cg.command("dd", "of=/dev/null", "bs=1")
+	cmd.Stdin = pr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pr.Close()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	defer func() {
+		pw.Close() // ends dd's input, if the test failed before it did
+		<-exited
+	}()
+	if _, err := pw.Write(make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	reads := func() (calls int64, events int) {
+		for _, ev := range col.snapshot() {
+			if ev.Type == observe.TypeSyscall && int(ev.HostPID) == cmd.Process.Pid && ev.Name() == "read" &&
+				ev.Args[0] == 0 && ev.Args[2] == 1 && ev.Ret == 1 {
+				calls += ev.Calls()
+				events++
+			}
+		}
+		return calls, events
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		calls, events := reads()
+		if calls == n {
+			t.Logf("%d reads in %d events while dd waits for input", calls, events)
+			break
+		}
+		if calls > n {
+			t.Fatalf("%d reads of a byte recorded, %d bytes written", calls, n)
+		}
+		select {
+		case <-exited:
+			t.Fatalf("dd exited with its input open: %v", waitErr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d reads recorded after 10 s while dd waits in the next read", calls, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	pw.Close()
+	<-exited
+	if waitErr != nil {
+		t.Fatal(waitErr)
+	}
+}
+
 func TestProcessTreeMatchesStrace(t *testing.T) {
 	tr := tracer(t)
 	strace := testenv.RequireTool(t, "strace")

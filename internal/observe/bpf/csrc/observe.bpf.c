@@ -15,6 +15,19 @@
  * followed by ancestry, so no process the jail's user starts can join them.
  * Init's own calls are left out too, but for those of the threads it marks
  * while they work on files for the files API (INIT_RECORD_OPTION).
+ *
+ * Runs of identical calls are counted here instead of crossing the ring one
+ * by one. A task whose descriptor table is its own keeps up to RUN_SLOTS
+ * runs (number, arguments, return value): the first call of a run is
+ * recorded at once, as any other; its repetitions only add to the run's
+ * count, last start and summed duration. The repetitions are recorded as
+ * one counted record when the task enters a call that is never counted
+ * (one that may change what a descriptor means), when a call takes the
+ * place of a run, when a run is older than hold_ns, when the task leaves a
+ * CPU (it blocked, or another task runs) and when it exits: so they wait in
+ * the kernel no longer than the task keeps running on its CPU, and every
+ * call that changes a private descriptor table comes after the repetitions
+ * made before it.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -28,8 +41,11 @@
 char LICENSE[] SEC("license") = "GPL";
 
 /* Load-time configuration (set from Go before loading): which arguments of
- * each syscall are decoded (SPEC_* in observe.h). */
+ * each syscall are decoded (SPEC_* in observe.h), which calls may be
+ * counted in runs (bit nr), and how long a run is held at most. */
 const volatile u32 argspec[MAX_SYSCALLS];
+const volatile u64 coalesce_mask[MAX_SYSCALLS / 64];
+const volatile u64 hold_ns = 5000000;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -43,16 +59,22 @@ struct {
 	__uint(max_entries, 16 << 20);
 } events SEC(".maps");
 
-/* The plumbing processes (host tgids): the children of a jail's init (its
- * shims), and the children of those until they execute (the command). */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_PLUMBING);
-	__type(key, u32);
-	__type(value, u8);
-} plumbing SEC(".maps");
+/* A run of identical calls: the first was recorded, count repetitions
+ * since, the earliest starting at ts, the latest at last_ts. */
+struct run {
+	u64 args[6];
+	s64 ret;
+	u64 cg;
+	u64 ts;
+	u64 last_ts;
+	u64 dur;
+	char comm[16];
+	u32 nr;
+	u32 count;
+};
 
-/* A syscall in flight: what sys_enter saw, for sys_exit to complete. */
+/* A task's state: the syscall in flight (what sys_enter saw, for sys_exit
+ * to complete) and its runs. */
 struct pending {
 	u64 ts;
 	u64 cg; /* the watched cgroup it was entered in */
@@ -63,6 +85,11 @@ struct pending {
 	u32 ns_tid;
 	u32 ns_valid;
 	u32 record; /* a thread of init marked as recorded */
+	/* A thread of a plumbing process: a child of a jail's init (a
+	 * shim), or of a plumbing process until it executes (the command). */
+	u32 plumbing;
+	u32 nruns;
+	struct run runs[RUN_SLOTS];
 };
 
 struct {
@@ -163,6 +190,135 @@ static __always_inline void fill_sys(struct sys_ev *e, u64 cg, struct task_struc
 	e->dur = now ? now - p->ts : 0;
 	e->aux[0] = -1;
 	e->aux[1] = -1;
+	e->last_ts = 0;
+	e->count = 0;
+	e->pad = 0;
+}
+
+/* emit_run records the repetitions of run r of the current task t. */
+static __always_inline void emit_run(struct task_struct *t, struct pending *p, struct run *r)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	struct sys_ev *e;
+
+	if (!r->count)
+		return;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		struct watch *w = bpf_map_lookup_elem(&watched, &r->cg);
+
+		if (w)
+			__sync_fetch_and_add(&w->lost, 1);
+		return;
+	}
+	e->h.kind = EV_SYSCALL;
+	e->h.flags = 0;
+	e->h.cgroup = r->cg;
+	e->h.ts = r->ts;
+	e->h.tgid = id >> 32;
+	e->h.tid = (u32)id;
+	__builtin_memcpy(e->h.comm, r->comm, sizeof(e->h.comm));
+	if (!p->ns_valid) {
+		ns_ids(t, &p->ns_tgid, &p->ns_tid);
+		p->ns_valid = 1;
+	}
+	e->h.ns_tgid = p->ns_tgid;
+	e->h.ns_tid = p->ns_tid;
+	e->nr = r->nr;
+	e->len0 = 0;
+	e->len1 = 0;
+	e->args[0] = r->args[0];
+	e->args[1] = r->args[1];
+	e->args[2] = r->args[2];
+	e->args[3] = r->args[3];
+	e->args[4] = r->args[4];
+	e->args[5] = r->args[5];
+	e->ret = r->ret;
+	e->dur = r->dur;
+	e->aux[0] = -1;
+	e->aux[1] = -1;
+	e->last_ts = r->last_ts;
+	e->count = r->count;
+	e->pad = 0;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	r->count = 0;
+}
+
+/* flush_runs records the repetitions the current task t holds and forgets
+ * its runs. */
+static __always_inline void flush_runs(struct task_struct *t, struct pending *p)
+{
+	if (p->nruns > 0)
+		emit_run(t, p, &p->runs[0]);
+	if (p->nruns > 1)
+		emit_run(t, p, &p->runs[1]);
+	p->nruns = 0;
+}
+
+static __always_inline int coalescible(u32 nr)
+{
+	return (coalesce_mask[(nr >> 6) & (MAX_SYSCALLS / 64 - 1)] >> (nr & 63)) & 1;
+}
+
+static __always_inline int same_args(const u64 *a, const u64 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] &&
+	       a[5] == b[5];
+}
+
+/* own_files reports whether no other task shares t's descriptor table. */
+static __always_inline int own_files(struct task_struct *t)
+{
+	struct files_struct *f = t->files;
+
+	return f && f->count.counter == 1;
+}
+
+/* hold counts the call p completed at sys_exit (ret, ended at now) into a
+ * run of the current task t, and reports whether it did: a repetition,
+ * which is not recorded now. A call that starts a run is recorded by the
+ * caller. */
+static __always_inline int hold(struct task_struct *t, struct pending *p, s64 ret, u64 now)
+{
+	struct run *r;
+	u32 i;
+
+	if (!coalescible(p->nr) || !own_files(t)) {
+		flush_runs(t, p);
+		return 0;
+	}
+	for (i = 0; i < RUN_SLOTS; i++) {
+		if (i >= p->nruns)
+			break;
+		r = &p->runs[i];
+		if (r->nr != p->nr || r->ret != ret || r->cg != p->cg || !same_args(r->args, p->args))
+			continue;
+		if (!r->count)
+			r->ts = p->ts;
+		r->count++;
+		r->last_ts = p->ts;
+		r->dur += now - p->ts;
+		if (p->ts - r->ts >= hold_ns || r->count >= RUN_MAX)
+			emit_run(t, p, r);
+		return 1;
+	}
+	if (p->nruns >= RUN_SLOTS)
+		flush_runs(t, p);
+	r = &p->runs[p->nruns & (RUN_SLOTS - 1)];
+	r->nr = p->nr;
+	r->cg = p->cg;
+	r->ret = ret;
+	r->args[0] = p->args[0];
+	r->args[1] = p->args[1];
+	r->args[2] = p->args[2];
+	r->args[3] = p->args[3];
+	r->args[4] = p->args[4];
+	r->args[5] = p->args[5];
+	r->count = 0;
+	r->dur = 0;
+	bpf_get_current_comm(r->comm, sizeof(r->comm));
+	p->nruns++;
+	return 0;
 }
 
 static __always_inline u64 arg_at(struct pending *p, u32 idx)
@@ -301,12 +457,12 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	}
 	if (!(w->mask[(nr >> 6) & 7] & (1ULL << (nr & 63))))
 		return 0;
-	/* A plumbing process's execve is kept: it starts the command. */
-	if (nr != NR_EXECVE && nr != NR_EXECVEAT && bpf_map_lookup_elem(&plumbing, &tgid))
-		return 0;
 
 	p = bpf_task_storage_get(&inflight, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!p)
+		return 0;
+	/* A plumbing process's execve is kept: it starts the command. */
+	if (p->plumbing && nr != NR_EXECVE && nr != NR_EXECVEAT)
 		return 0;
 	p->ts = bpf_ktime_get_ns();
 	p->cg = cg;
@@ -318,6 +474,10 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	p->args[4] = regs->r8;
 	p->args[5] = regs->r9;
 	p->active = 1;
+	/* A call that is never counted in runs (it may change what a
+	 * descriptor means) ends the runs: their repetitions come before it. */
+	if (p->nruns && !coalescible(nr))
+		flush_runs(t, p);
 
 	/* exit and exit_group never return: record them now. */
 	if (nr == NR_EXIT || nr == NR_EXIT_GROUP) {
@@ -332,6 +492,7 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
 	struct task_struct *t = bpf_get_current_task_btf();
 	struct pending *p;
+	u64 now;
 
 	/* The task's own storage only: a task that sys_enter did not record
 	 * (every untraced host process) has none, and one it recorded carries
@@ -344,12 +505,12 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	p->active = 0;
 	/* An execve that left its caller plumbing started a shim (or failed
 	 * to start a command). */
-	if (p->nr == NR_EXECVE || p->nr == NR_EXECVEAT) {
-		u32 tgid = bpf_get_current_pid_tgid() >> 32;
-		if (bpf_map_lookup_elem(&plumbing, &tgid))
-			return 0;
-	}
-	emit_syscall(p->cg, t, p, ret, bpf_ktime_get_ns());
+	if (p->plumbing)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (hold(t, p, ret, now))
+		return 0;
+	emit_syscall(p->cg, t, p, ret, now);
 	return 0;
 }
 
@@ -359,16 +520,25 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	u64 cg = bpf_get_current_cgroup_id();
 	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
 	struct task_struct *rparent;
+	struct pending *ps, *cs;
 	struct fork_ev *e;
-	u32 level, ptgid, ctgid;
-	u8 one = 1;
+	u32 level, ptgid, ctgid, plumbing;
 
-	if (!w)
+	if (!w || !child)
 		return 0;
 	ptgid = BPF_CORE_READ(parent, tgid);
 	ctgid = BPF_CORE_READ(child, tgid);
-	if (ctgid != ptgid && (ptgid == w->init_tgid || bpf_map_lookup_elem(&plumbing, &ptgid)))
-		bpf_map_update_elem(&plumbing, &ctgid, &one, BPF_ANY);
+	/* The parent is the current task. A thread is plumbing where its
+	 * process is; a new process where its parent is init or plumbing. */
+	ps = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	plumbing = ps && ps->plumbing;
+	if (ctgid != ptgid && ptgid == w->init_tgid)
+		plumbing = 1;
+	if (plumbing) {
+		cs = bpf_task_storage_get(&inflight, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (cs)
+			cs->plumbing = 1;
+	}
 	if (!(w->flags & W_PROC))
 		return 0;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -495,20 +665,19 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	struct pending *st;
 	struct exec_ev *e;
 	u64 start, end, len, ugid;
-	u32 tgid;
 	long n;
 
 	if (!w)
 		return 0;
-	/* The thread id may have changed: forget the cached namespace ids. */
-	st = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
-	if (st)
-		st->ns_valid = 0;
-	/* Init only starts shims; a shim's child that executes is the
+	/* The thread id may have changed: forget the cached namespace ids.
+	 * Init only starts shims; a shim's child that executes is the
 	 * command, which is recorded from here on. */
-	tgid = BPF_CORE_READ(p, tgid);
-	if (BPF_CORE_READ(p, real_parent, tgid) != w->init_tgid)
-		bpf_map_delete_elem(&plumbing, &tgid);
+	st = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	if (st) {
+		st->ns_valid = 0;
+		if (BPF_CORE_READ(p, real_parent, tgid) != w->init_tgid)
+			st->plumbing = 0;
+	}
 	if (!(w->flags & W_PROC))
 		return 0;
 
@@ -552,16 +721,16 @@ int BPF_PROG(sched_exit, struct task_struct *p, bool group_dead)
 {
 	u64 cg = bpf_get_current_cgroup_id();
 	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
+	struct task_struct *t = bpf_get_current_task_btf();
 	struct task_struct *rparent;
+	struct pending *st;
 	struct exit_ev *e;
-	u32 tgid;
 
 	if (!w)
 		return 0;
-	if (group_dead) {
-		tgid = BPF_CORE_READ(p, tgid);
-		bpf_map_delete_elem(&plumbing, &tgid);
-	}
+	st = bpf_task_storage_get(&inflight, t, 0, 0);
+	if (st)
+		flush_runs(t, st);
 	if (!(w->flags & W_PROC))
 		return 0;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -577,5 +746,26 @@ int BPF_PROG(sched_exit, struct task_struct *p, bool group_dead)
 	e->ppid = BPF_CORE_READ(rparent, tgid);
 	e->ns_ppid = pid_at(BPF_CORE_READ(rparent, group_leader, thread_pid), pid_level(p));
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+/* A task leaving its CPU records the repetitions it holds: it blocked, or
+ * another task runs, so they would wait for as long. Its runs stay, for its
+ * next calls to count. The switch happens on the task's own CPU, while it is
+ * still the current task. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	struct pending *p;
+
+	if (!prev)
+		return 0;
+	p = bpf_task_storage_get(&inflight, prev, 0, 0);
+	if (!p || !p->nruns)
+		return 0;
+	if (p->nruns > 0)
+		emit_run(prev, p, &p->runs[0]);
+	if (p->nruns > 1)
+		emit_run(prev, p, &p->runs[1]);
 	return 0;
 }

@@ -16,7 +16,8 @@
 #define NR_EXIT_GROUP 231
 #define NR_EXECVE 59
 #define NR_EXECVEAT 322
-#define MAX_PLUMBING 16384
+#define RUN_SLOTS 2
+#define RUN_MAX (1U << 30)
 
 /* The jail's init marks a thread whose calls are recorded (1) or no longer
  * (0) with prctl(INIT_RECORD_OPTION, on): an option no kernel knows (the
@@ -75,6 +76,8 @@ struct hdr {
 	char comm[16];
 };
 
+/* A syscall, or a run of identical ones (count > 1): then h.ts is the
+ * first call's start, last_ts the last one's and dur their summed time. */
 struct sys_ev {
 	struct hdr h;
 	u32 nr;
@@ -84,6 +87,9 @@ struct sys_ev {
 	s64 ret;
 	u64 dur;
 	s32 aux[2];
+	u64 last_ts;
+	u32 count;
+	u32 pad;
 };
 
 struct sys_ev1 {

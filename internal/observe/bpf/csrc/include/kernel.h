@@ -74,7 +74,13 @@ struct mm_struct {
 	unsigned long arg_end;
 };
 
-struct files_struct;
+typedef struct {
+	int counter;
+} atomic_t;
+
+struct files_struct {
+	atomic_t count;
+};
 
 struct task_struct {
 	int pid;
@@ -86,6 +92,7 @@ struct task_struct {
 	struct mm_struct *mm;
 	struct fs_struct *fs;
 	struct files_struct *files;
+	char comm[16];
 };
 
 struct linux_binprm {
