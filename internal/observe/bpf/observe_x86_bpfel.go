@@ -142,6 +142,7 @@ const (
 	observeVarUnusedExitEv = "unused_exit_ev"
 	observeVarUnusedForkEv = "unused_fork_ev"
 	observeVarUnusedSysEv  = "unused_sys_ev"
+	observeVarWatchBits    = "watch_bits"
 )
 
 // loadObserve returns the embedded CollectionSpec for observe.
@@ -215,6 +216,7 @@ type observeVariableSpecs struct {
 	UnusedExitEv *ebpf.VariableSpec `ebpf:"unused_exit_ev"`
 	UnusedForkEv *ebpf.VariableSpec `ebpf:"unused_fork_ev"`
 	UnusedSysEv  *ebpf.VariableSpec `ebpf:"unused_sys_ev"`
+	WatchBits    *ebpf.VariableSpec `ebpf:"watch_bits"`
 }
 
 // observeObjects contains all objects after they have been loaded into the kernel.
@@ -263,6 +265,7 @@ type observeVariables struct {
 	UnusedExitEv *ebpf.Variable `ebpf:"unused_exit_ev"`
 	UnusedForkEv *ebpf.Variable `ebpf:"unused_fork_ev"`
 	UnusedSysEv  *ebpf.Variable `ebpf:"unused_sys_ev"`
+	WatchBits    *ebpf.Variable `ebpf:"watch_bits"`
 }
 
 // observePrograms contains all programs after they have been loaded into the kernel.

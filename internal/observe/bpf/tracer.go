@@ -111,6 +111,34 @@ type Tracer struct {
 	// lostKeys and lostVals receive the watch table in pollLost.
 	lostKeys []uint64
 	lostVals []observeWatch
+
+	// bits is the programs' watch_bits filter, bitUsers how many cgroups
+	// in the watch table set each bit; t.mu guards both.
+	bits     [watchBits / 64]uint64
+	bitUsers [watchBits]uint16
+}
+
+// watchBits is WATCH_BITS of observe.bpf.c.
+const watchBits = 4096
+
+// markWatched sets or clears cgroupID's bit in the programs' filter as it
+// enters or leaves the watch table; the caller holds t.mu.
+func (t *Tracer) markWatched(cgroupID uint64, watched bool) error {
+	b := cgroupID % watchBits
+	if watched {
+		t.bitUsers[b]++
+	} else if t.bitUsers[b]--; t.bitUsers[b] > 0 {
+		return nil
+	}
+	if watched {
+		t.bits[b/64] |= 1 << (b % 64)
+	} else {
+		t.bits[b/64] &^= 1 << (b % 64)
+	}
+	if err := t.objs.WatchBits.Set(t.bits); err != nil {
+		return fmt.Errorf("observe: set the watch filter: %w", err)
+	}
+	return nil
 }
 
 // Open loads the programs with the default Config and attaches them; see
@@ -307,6 +335,10 @@ func (t *Tracer) Watch(cgroupID uint64, jail observe.JailKey, opts Options) erro
 		if err := t.objs.Watched.Update(cgroupID, &kw, ebpf.UpdateNoExist); err != nil {
 			return fmt.Errorf("observe: watch cgroup %d: %w", cgroupID, err)
 		}
+		if err := t.markWatched(cgroupID, true); err != nil {
+			t.bitUsers[cgroupID%watchBits]--
+			return errors.Join(err, t.objs.Watched.Delete(cgroupID))
+		}
 	}
 	t.watches[cgroupID] = st
 	return nil
@@ -329,6 +361,10 @@ func (t *Tracer) Unwatch(cgroupID uint64) error {
 		if err := t.objs.Watched.Delete(cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			t.mu.Unlock()
 			return fmt.Errorf("observe: unwatch cgroup %d: %w", cgroupID, err)
+		}
+		if err := t.markWatched(cgroupID, false); err != nil {
+			t.mu.Unlock()
+			return err
 		}
 	}
 	t.mu.Unlock()

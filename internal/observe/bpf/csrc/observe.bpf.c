@@ -47,6 +47,24 @@ const volatile u32 argspec[MAX_SYSCALLS];
 const volatile u64 coalesce_mask[MAX_SYSCALLS / 64];
 const volatile u64 hold_ns = 5000000;
 
+/* A filter before the watch table, set from Go: bit (id % WATCH_BITS) is
+ * set while a cgroup with that id is watched. Most tasks of the host leave
+ * at this test, without a call. */
+#define WATCH_BITS 4096
+u64 watch_bits[WATCH_BITS / 64];
+
+static __always_inline int maybe_watched(u64 cg)
+{
+	return (watch_bits[(cg >> 6) & (WATCH_BITS / 64 - 1)] >> (cg & 63)) & 1;
+}
+
+/* cgroup_of returns the id of t's cgroup v2: bpf_get_current_cgroup_id()
+ * without the call, for the programs every syscall of the host runs. */
+static __always_inline u64 cgroup_of(struct task_struct *t)
+{
+	return t->cgroups->dfl_cgrp->kn->id;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_WATCHED);
@@ -429,19 +447,21 @@ static __always_inline void emit_syscall(u64 cg, struct task_struct *t, struct p
 SEC("tp_btf/sys_enter")
 int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 {
-	u64 cg = bpf_get_current_cgroup_id();
-	struct watch *w = bpf_map_lookup_elem(&watched, &cg);
-	struct task_struct *t;
+	struct task_struct *t = bpf_get_current_task_btf();
+	u64 cg = cgroup_of(t);
+	struct watch *w;
 	struct pending *p;
 	u32 nr, tgid;
 
+	if (!maybe_watched(cg))
+		return 0;
+	w = bpf_map_lookup_elem(&watched, &cg);
 	if (!w)
 		return 0;
 	if (!(w->flags & W_SYSCALLS) || id < 0 || id >= MAX_SYSCALLS)
 		return 0;
 	nr = (u32)id;
 	tgid = bpf_get_current_pid_tgid() >> 32;
-	t = bpf_get_current_task_btf();
 	if (tgid == w->init_tgid) {
 		/* Init's calls are recorded on the threads it marks only; the
 		 * marks themselves are not recorded. */
@@ -495,10 +515,12 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	u64 now;
 
 	/* The task's own storage only: a task that sys_enter did not record
-	 * (every untraced host process) has none, and one it recorded carries
-	 * its cgroup; the watch is looked up again only to count a record the
-	 * ring had no room for. A call entered before its jail was unwatched
-	 * is recorded and left out by the reader. */
+	 * has none, and one it recorded carries its cgroup; the watch is
+	 * looked up again only to count a record the ring had no room for. A
+	 * call entered before its jail was unwatched is recorded and left out
+	 * by the reader, unless the filter already left it out here. */
+	if (!maybe_watched(cgroup_of(t)))
+		return 0;
 	p = bpf_task_storage_get(&inflight, t, 0, 0);
 	if (!p || !p->active)
 		return 0;

@@ -82,6 +82,18 @@ struct files_struct {
 	atomic_t count;
 };
 
+struct kernfs_node {
+	u64 id;
+};
+
+struct cgroup {
+	struct kernfs_node *kn;
+};
+
+struct css_set {
+	struct cgroup *dfl_cgrp;
+};
+
 struct task_struct {
 	int pid;
 	int tgid;
@@ -92,6 +104,7 @@ struct task_struct {
 	struct mm_struct *mm;
 	struct fs_struct *fs;
 	struct files_struct *files;
+	struct css_set *cgroups;
 	char comm[16];
 };
 
