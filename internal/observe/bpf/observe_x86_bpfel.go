@@ -96,6 +96,12 @@ type observePending struct {
 		Nr     uint32
 		Count  uint32
 	}
+	Wcg    uint64
+	Wepoch uint32
+	Wflags uint32
+	Winit  uint32
+	Wpad   uint32
+	Wmask  [8]uint64
 }
 
 type observeSysEv struct {
@@ -143,6 +149,7 @@ const (
 	observeVarUnusedForkEv = "unused_fork_ev"
 	observeVarUnusedSysEv  = "unused_sys_ev"
 	observeVarWatchBits    = "watch_bits"
+	observeVarWatchEpoch   = "watch_epoch"
 )
 
 // loadObserve returns the embedded CollectionSpec for observe.
@@ -217,6 +224,7 @@ type observeVariableSpecs struct {
 	UnusedForkEv *ebpf.VariableSpec `ebpf:"unused_fork_ev"`
 	UnusedSysEv  *ebpf.VariableSpec `ebpf:"unused_sys_ev"`
 	WatchBits    *ebpf.VariableSpec `ebpf:"watch_bits"`
+	WatchEpoch   *ebpf.VariableSpec `ebpf:"watch_epoch"`
 }
 
 // observeObjects contains all objects after they have been loaded into the kernel.
@@ -266,6 +274,7 @@ type observeVariables struct {
 	UnusedForkEv *ebpf.Variable `ebpf:"unused_fork_ev"`
 	UnusedSysEv  *ebpf.Variable `ebpf:"unused_sys_ev"`
 	WatchBits    *ebpf.Variable `ebpf:"watch_bits"`
+	WatchEpoch   *ebpf.Variable `ebpf:"watch_epoch"`
 }
 
 // observePrograms contains all programs after they have been loaded into the kernel.

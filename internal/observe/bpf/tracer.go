@@ -113,30 +113,37 @@ type Tracer struct {
 	lostVals []observeWatch
 
 	// bits is the programs' watch_bits filter, bitUsers how many cgroups
-	// in the watch table set each bit; t.mu guards both.
+	// in the watch table set each bit, epoch the programs' watch_epoch;
+	// t.mu guards them.
 	bits     [watchBits / 64]uint64
 	bitUsers [watchBits]uint16
+	epoch    uint32
 }
 
 // watchBits is WATCH_BITS of observe.bpf.c.
 const watchBits = 4096
 
-// markWatched sets or clears cgroupID's bit in the programs' filter as it
-// enters or leaves the watch table; the caller holds t.mu.
+// markWatched tells the programs that cgroupID entered or left the watch
+// table: it sets or clears the cgroup's bit in their filter, then moves
+// their epoch on, so that the tasks' copies of their watch are read again.
+// The caller holds t.mu.
 func (t *Tracer) markWatched(cgroupID uint64, watched bool) error {
 	b := cgroupID % watchBits
 	if watched {
 		t.bitUsers[b]++
-	} else if t.bitUsers[b]--; t.bitUsers[b] > 0 {
-		return nil
-	}
-	if watched {
-		t.bits[b/64] |= 1 << (b % 64)
 	} else {
-		t.bits[b/64] &^= 1 << (b % 64)
+		t.bitUsers[b]--
 	}
-	if err := t.objs.WatchBits.Set(t.bits); err != nil {
-		return fmt.Errorf("observe: set the watch filter: %w", err)
+	set := t.bitUsers[b] > 0
+	if set != (t.bits[b/64]&(1<<(b%64)) != 0) {
+		t.bits[b/64] ^= 1 << (b % 64)
+		if err := t.objs.WatchBits.Set(t.bits); err != nil {
+			return fmt.Errorf("observe: set the watch filter: %w", err)
+		}
+	}
+	t.epoch++
+	if err := t.objs.WatchEpoch.Set(t.epoch); err != nil {
+		return fmt.Errorf("observe: set the watch epoch: %w", err)
 	}
 	return nil
 }
@@ -336,8 +343,7 @@ func (t *Tracer) Watch(cgroupID uint64, jail observe.JailKey, opts Options) erro
 			return fmt.Errorf("observe: watch cgroup %d: %w", cgroupID, err)
 		}
 		if err := t.markWatched(cgroupID, true); err != nil {
-			t.bitUsers[cgroupID%watchBits]--
-			return errors.Join(err, t.objs.Watched.Delete(cgroupID))
+			return errors.Join(err, t.objs.Watched.Delete(cgroupID), t.markWatched(cgroupID, false))
 		}
 	}
 	t.watches[cgroupID] = st

@@ -216,6 +216,75 @@ func TestRepetitionsSeenWhileBlocked(t *testing.T) {
 	}
 }
 
+// TestRewatchTakesEffect: a task that lives through an Unwatch and a new
+// Watch of its cgroup is traced by the new watch's filter, not by what its
+// task storage kept of the old one. A Python loop calls getppid and getpid
+// for every line it reads; the first watch takes getppid only, the second
+// getpid only (neither is a call the file tracker always needs).
+func TestRewatchTakesEffect(t *testing.T) {
+	tr := tracer(t)
+	python := testenv.RequireTool(t, "python3")
+	cg := newCgroup(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := &collector{}
+	if err := tr.Watch(cg.id, "test", Options{Sink: first, Include: []string{"getppid"}}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := cg.command(python, "-c", "import os, sys\nfor line in sys.stdin:\n    os.getppid(); os.getpid()")
+	cmd.Stdin = pr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pr.Close()
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		pw.Close()
+		<-exited
+		tr.Unwatch(cg.id)
+	}()
+	calls := func(c *collector, name string) (n int64) {
+		for _, ev := range c.snapshot() {
+			if ev.Type == observe.TypeSyscall && int(ev.HostPID) == cmd.Process.Pid && ev.Name() == name {
+				n += ev.Calls()
+			}
+		}
+		return n
+	}
+	lines := func(c *collector, n int64, name string) {
+		t.Helper()
+		if _, err := pw.Write([]byte(strings.Repeat("x\n", int(n)))); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for calls(c, name) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d %s calls recorded after 10 s", calls(c, name), n, name)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	const n = 100
+	lines(first, n, "getppid")
+	if c := calls(first, "getpid"); c != 0 {
+		t.Errorf("first watch (getppid only): %d getpid calls recorded", c)
+	}
+	if err := tr.Unwatch(cg.id); err != nil {
+		t.Fatal(err)
+	}
+	second := &collector{}
+	if err := tr.Watch(cg.id, "test", Options{Sink: second, Include: []string{"getpid"}}); err != nil {
+		t.Fatal(err)
+	}
+	lines(second, n, "getpid")
+	if c := calls(second, "getppid"); c != 0 {
+		t.Errorf("second watch (getpid only): %d getppid calls recorded", c)
+	}
+}
+
 func TestProcessTreeMatchesStrace(t *testing.T) {
 	tr := tracer(t)
 	strace := testenv.RequireTool(t, "strace")

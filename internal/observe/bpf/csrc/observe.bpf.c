@@ -53,6 +53,9 @@ const volatile u64 hold_ns = 5000000;
 #define WATCH_BITS 4096
 u64 watch_bits[WATCH_BITS / 64];
 
+/* Counts the changes of the watch table, set from Go after each one. */
+u32 watch_epoch;
+
 static __always_inline int maybe_watched(u64 cg)
 {
 	return (watch_bits[(cg >> 6) & (WATCH_BITS / 64 - 1)] >> (cg & 63)) & 1;
@@ -108,6 +111,14 @@ struct pending {
 	u32 plumbing;
 	u32 nruns;
 	struct run runs[RUN_SLOTS];
+	/* A copy of the watch of cgroup wcg, as it was at watch_epoch
+	 * wepoch: sys_enter looks the table up only when either changed. */
+	u64 wcg;
+	u32 wepoch;
+	u32 wflags;
+	u32 winit;
+	u32 wpad;
+	u64 wmask[8];
 };
 
 struct {
@@ -451,35 +462,41 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	u64 cg = cgroup_of(t);
 	struct watch *w;
 	struct pending *p;
-	u32 nr, tgid;
+	u32 nr, tgid, epoch;
 
 	if (!maybe_watched(cg))
 		return 0;
-	w = bpf_map_lookup_elem(&watched, &cg);
-	if (!w)
+	p = bpf_task_storage_get(&inflight, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!p)
 		return 0;
-	if (!(w->flags & W_SYSCALLS) || id < 0 || id >= MAX_SYSCALLS)
+	/* The epoch is read before the table: a change after it is seen at
+	 * the next call. */
+	epoch = watch_epoch;
+	if (p->wcg != cg || p->wepoch != epoch) {
+		w = bpf_map_lookup_elem(&watched, &cg);
+		if (!w)
+			return 0;
+		p->wcg = cg;
+		p->wepoch = epoch;
+		p->wflags = w->flags;
+		p->winit = w->init_tgid;
+		__builtin_memcpy(p->wmask, w->mask, sizeof(p->wmask));
+	}
+	if (!(p->wflags & W_SYSCALLS) || id < 0 || id >= MAX_SYSCALLS)
 		return 0;
 	nr = (u32)id;
 	tgid = bpf_get_current_pid_tgid() >> 32;
-	if (tgid == w->init_tgid) {
+	if (tgid == p->winit) {
 		/* Init's calls are recorded on the threads it marks only; the
 		 * marks themselves are not recorded. */
 		if (nr == NR_PRCTL && regs->di == INIT_RECORD_OPTION) {
-			p = bpf_task_storage_get(&inflight, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-			if (p)
-				p->record = regs->si != 0;
+			p->record = regs->si != 0;
 			return 0;
 		}
-		p = bpf_task_storage_get(&inflight, t, 0, 0);
-		if (!p || !p->record)
+		if (!p->record)
 			return 0;
 	}
-	if (!(w->mask[(nr >> 6) & 7] & (1ULL << (nr & 63))))
-		return 0;
-
-	p = bpf_task_storage_get(&inflight, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!p)
+	if (!(p->wmask[(nr >> 6) & 7] & (1ULL << (nr & 63))))
 		return 0;
 	/* A plumbing process's execve is kept: it starts the command. */
 	if (p->plumbing && nr != NR_EXECVE && nr != NR_EXECVEAT)
