@@ -485,7 +485,7 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 	if (!(p->wflags & W_SYSCALLS) || id < 0 || id >= MAX_SYSCALLS)
 		return 0;
 	nr = (u32)id;
-	tgid = bpf_get_current_pid_tgid() >> 32;
+	tgid = t->tgid;
 	if (tgid == p->winit) {
 		/* Init's calls are recorded on the threads it marks only; the
 		 * marks themselves are not recorded. */
