@@ -80,6 +80,34 @@ func TestCoalescerCopyLoop(t *testing.T) {
 	}
 }
 
+// TestCoalescerKernelRuns: the counted records of runs the kernel held
+// join the coalescer's runs: a single call, then the kernel's count of its
+// repetitions, make one event standing for all of them, with the first
+// start, the kernel run's last start and every call's duration.
+func TestCoalescerKernelRuns(t *testing.T) {
+	s := &coalesceScript{}
+	s.sys(1, "read", 1, "", 0, 4096, 1) // ts 10, recorded at once
+	nr, _ := observe.SyscallNumber("read")
+	run := observe.Event{Type: observe.TypeSyscall, TS: 20, LastTS: 5000, Count: 499, DurNS: 1497, HostPID: 1, HostTID: 1,
+		PID: 1, TID: 1, Comm: "dd", NR: int32(nr), Ret: 1, FD: -1, FDs: [2]int32{-1, -1}}
+	run.Args[1], run.Args[2] = 4096, 1
+	s.c.handle(&run, s)
+	s.sys(1, "read", 1, "", 0, 4096, 1) // ts 20
+	s.c.flush(s)
+	if len(s.out) != 1 {
+		t.Fatalf("after flush: %s", s.take())
+	}
+	if r := s.out[0]; r.Count != 501 || r.TS != 10 || r.LastTS != 20 || r.DurNS != 1503 {
+		t.Errorf("read run: count %d ts %d last %d dur %d, want 501, 10, 20, 1503", r.Count, r.TS, r.LastTS, r.DurNS)
+	}
+	s.out = nil
+	s.c.handle(&run, s) // a kernel run first: its count and its last start
+	s.c.flush(s)
+	if r := s.out[0]; len(s.out) != 1 || r.Count != 499 || r.TS != 20 || r.LastTS != 5000 {
+		t.Errorf("kernel run alone: %d events, count %d ts %d last %d", len(s.out), r.Count, r.TS, r.LastTS)
+	}
+}
+
 // TestCoalescerOrder: held runs are delivered before any event that is not
 // held, before a third distinct call of the task, and a call that differs
 // in its return value or arguments starts a run of its own.

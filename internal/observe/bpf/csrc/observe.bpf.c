@@ -791,13 +791,14 @@ int BPF_PROG(sched_exit, struct task_struct *p, bool group_dead)
 /* A task leaving its CPU records the repetitions it holds: it blocked, or
  * another task runs, so they would wait for as long. Its runs stay, for its
  * next calls to count. The switch happens on the task's own CPU, while it is
- * still the current task. */
+ * still the current task; tasks of cgroups not watched leave at the filter,
+ * as at every syscall. */
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	struct pending *p;
 
-	if (!prev)
+	if (!prev || !maybe_watched(cgroup_of(prev)))
 		return 0;
 	p = bpf_task_storage_get(&inflight, prev, 0, 0);
 	if (!p || !p->nruns)
