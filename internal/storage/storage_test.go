@@ -415,8 +415,10 @@ func TestTeardownAndReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A restarted daemon re-opens the mounted pool; the first one's warm
-	// disk is stale and released.
+	// disk is stale and released. The first daemon is gone by then: its
+	// refill no longer runs (it could still be filling a warm disk).
 	waitWarm(t, p)
+	p.stopRefill()
 	p2, err := OpenPool(dataDir, testPoolSize, testDiskSize, 0)
 	if err != nil {
 		t.Fatalf("re-open mounted pool: %v", err)
@@ -431,7 +433,6 @@ func TestTeardownAndReopen(t *testing.T) {
 	if err := UnmountDisk(mnt); err != nil {
 		t.Fatal(err)
 	}
-	p.stopRefill()
 	if err := Teardown(dataDir); err != nil {
 		t.Fatalf("Teardown: %v", err)
 	}
