@@ -196,27 +196,37 @@ static __always_inline void task_ns_hdr(struct hdr *h, struct task_struct *t)
 	ns_ids(t, &h->ns_tgid, &h->ns_tid);
 }
 
-static __always_inline void fill_sys(struct sys_ev *e, u64 cg, struct task_struct *t,
-				     struct pending *p, s64 ret, u64 now)
+/* fill_call fills a syscall record of the current task t but for its
+ * command name: a call, or a run of calls (count and last_ts are then set
+ * by the caller). */
+static __always_inline void fill_call(struct sys_ev *e, struct task_struct *t, struct pending *p,
+				      u64 cg, u64 ts, u32 nr, const u64 *args, s64 ret, u64 dur)
 {
-	fill_hdr(&e->h, EV_SYSCALL, cg, p->ts);
+	u64 id = bpf_get_current_pid_tgid();
+
+	e->h.kind = EV_SYSCALL;
+	e->h.flags = 0;
+	e->h.cgroup = cg;
+	e->h.ts = ts;
+	e->h.tgid = id >> 32;
+	e->h.tid = (u32)id;
 	if (!p->ns_valid) {
 		ns_ids(t, &p->ns_tgid, &p->ns_tid);
 		p->ns_valid = 1;
 	}
 	e->h.ns_tgid = p->ns_tgid;
 	e->h.ns_tid = p->ns_tid;
-	e->nr = p->nr;
+	e->nr = nr;
 	e->len0 = 0;
 	e->len1 = 0;
-	e->args[0] = p->args[0];
-	e->args[1] = p->args[1];
-	e->args[2] = p->args[2];
-	e->args[3] = p->args[3];
-	e->args[4] = p->args[4];
-	e->args[5] = p->args[5];
+	e->args[0] = args[0];
+	e->args[1] = args[1];
+	e->args[2] = args[2];
+	e->args[3] = args[3];
+	e->args[4] = args[4];
+	e->args[5] = args[5];
 	e->ret = ret;
-	e->dur = now ? now - p->ts : 0;
+	e->dur = dur;
 	e->aux[0] = -1;
 	e->aux[1] = -1;
 	e->last_ts = 0;
@@ -224,10 +234,16 @@ static __always_inline void fill_sys(struct sys_ev *e, u64 cg, struct task_struc
 	e->pad = 0;
 }
 
+static __always_inline void fill_sys(struct sys_ev *e, u64 cg, struct task_struct *t,
+				     struct pending *p, s64 ret, u64 now)
+{
+	fill_call(e, t, p, cg, p->ts, p->nr, p->args, ret, now ? now - p->ts : 0);
+	bpf_get_current_comm(e->h.comm, sizeof(e->h.comm));
+}
+
 /* emit_run records the repetitions of run r of the current task t. */
 static __always_inline void emit_run(struct task_struct *t, struct pending *p, struct run *r)
 {
-	u64 id = bpf_get_current_pid_tgid();
 	struct sys_ev *e;
 
 	if (!r->count)
@@ -240,35 +256,10 @@ static __always_inline void emit_run(struct task_struct *t, struct pending *p, s
 			__sync_fetch_and_add(&w->lost, 1);
 		return;
 	}
-	e->h.kind = EV_SYSCALL;
-	e->h.flags = 0;
-	e->h.cgroup = r->cg;
-	e->h.ts = r->ts;
-	e->h.tgid = id >> 32;
-	e->h.tid = (u32)id;
+	fill_call(e, t, p, r->cg, r->ts, r->nr, r->args, r->ret, r->dur);
 	__builtin_memcpy(e->h.comm, r->comm, sizeof(e->h.comm));
-	if (!p->ns_valid) {
-		ns_ids(t, &p->ns_tgid, &p->ns_tid);
-		p->ns_valid = 1;
-	}
-	e->h.ns_tgid = p->ns_tgid;
-	e->h.ns_tid = p->ns_tid;
-	e->nr = r->nr;
-	e->len0 = 0;
-	e->len1 = 0;
-	e->args[0] = r->args[0];
-	e->args[1] = r->args[1];
-	e->args[2] = r->args[2];
-	e->args[3] = r->args[3];
-	e->args[4] = r->args[4];
-	e->args[5] = r->args[5];
-	e->ret = r->ret;
-	e->dur = r->dur;
-	e->aux[0] = -1;
-	e->aux[1] = -1;
 	e->last_ts = r->last_ts;
 	e->count = r->count;
-	e->pad = 0;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	r->count = 0;
 }
