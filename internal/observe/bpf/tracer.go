@@ -606,7 +606,6 @@ func (t *Tracer) dispatch(raw []byte) {
 	if !t.dec.decode(raw, t.monoOff.Load(), st) {
 		return
 	}
-
 	st.runs.handle(ev, st.sink)
 }
 

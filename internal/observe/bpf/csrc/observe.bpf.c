@@ -178,7 +178,9 @@ static __always_inline void ns_ids(struct task_struct *t, u32 *ns_tgid, u32 *ns_
 	*ns_tgid = pid_at(BPF_CORE_READ(t, group_leader, thread_pid), level);
 }
 
-static __always_inline void fill_hdr(struct hdr *h, u32 kind, u64 cg, u64 ts)
+/* fill_ids fills a record header of the current task but for its command
+ * name and namespace ids. */
+static __always_inline void fill_ids(struct hdr *h, u32 kind, u64 cg, u64 ts)
 {
 	u64 id = bpf_get_current_pid_tgid();
 
@@ -188,6 +190,11 @@ static __always_inline void fill_hdr(struct hdr *h, u32 kind, u64 cg, u64 ts)
 	h->ts = ts;
 	h->tgid = id >> 32;
 	h->tid = (u32)id;
+}
+
+static __always_inline void fill_hdr(struct hdr *h, u32 kind, u64 cg, u64 ts)
+{
+	fill_ids(h, kind, cg, ts);
 	bpf_get_current_comm(h->comm, sizeof(h->comm));
 }
 
@@ -202,14 +209,7 @@ static __always_inline void task_ns_hdr(struct hdr *h, struct task_struct *t)
 static __always_inline void fill_call(struct sys_ev *e, struct task_struct *t, struct pending *p,
 				      u64 cg, u64 ts, u32 nr, const u64 *args, s64 ret, u64 dur)
 {
-	u64 id = bpf_get_current_pid_tgid();
-
-	e->h.kind = EV_SYSCALL;
-	e->h.flags = 0;
-	e->h.cgroup = cg;
-	e->h.ts = ts;
-	e->h.tgid = id >> 32;
-	e->h.tid = (u32)id;
+	fill_ids(&e->h, EV_SYSCALL, cg, ts);
 	if (!p->ns_valid) {
 		ns_ids(t, &p->ns_tgid, &p->ns_tid);
 		p->ns_valid = 1;
@@ -264,14 +264,21 @@ static __always_inline void emit_run(struct task_struct *t, struct pending *p, s
 	r->count = 0;
 }
 
-/* flush_runs records the repetitions the current task t holds and forgets
- * its runs. */
-static __always_inline void flush_runs(struct task_struct *t, struct pending *p)
+/* emit_runs records the repetitions the current task t holds; its runs
+ * stay, for its next calls to count. */
+static __always_inline void emit_runs(struct task_struct *t, struct pending *p)
 {
 	if (p->nruns > 0)
 		emit_run(t, p, &p->runs[0]);
 	if (p->nruns > 1)
 		emit_run(t, p, &p->runs[1]);
+}
+
+/* flush_runs records the repetitions the current task t holds and forgets
+ * its runs. */
+static __always_inline void flush_runs(struct task_struct *t, struct pending *p)
+{
+	emit_runs(t, p);
 	p->nruns = 0;
 }
 
@@ -328,12 +335,7 @@ static __always_inline int hold(struct task_struct *t, struct pending *p, s64 re
 	r->nr = p->nr;
 	r->cg = p->cg;
 	r->ret = ret;
-	r->args[0] = p->args[0];
-	r->args[1] = p->args[1];
-	r->args[2] = p->args[2];
-	r->args[3] = p->args[3];
-	r->args[4] = p->args[4];
-	r->args[5] = p->args[5];
+	__builtin_memcpy(r->args, p->args, sizeof(r->args));
 	r->count = 0;
 	r->dur = 0;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
@@ -780,8 +782,7 @@ int BPF_PROG(sched_exit, struct task_struct *p, bool group_dead)
 }
 
 /* A task leaving its CPU records the repetitions it holds: it blocked, or
- * another task runs, so they would wait for as long. Its runs stay, for its
- * next calls to count. The switch happens on the task's own CPU, while it is
+ * another task runs, so they would wait for as long. The switch happens on the task's own CPU, while it is
  * still the current task; tasks of cgroups not watched leave at the filter,
  * as at every syscall. */
 SEC("tp_btf/sched_switch")
@@ -792,11 +793,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	if (!prev || !maybe_watched(cgroup_of(prev)))
 		return 0;
 	p = bpf_task_storage_get(&inflight, prev, 0, 0);
-	if (!p || !p->nruns)
-		return 0;
-	if (p->nruns > 0)
-		emit_run(prev, p, &p->runs[0]);
-	if (p->nruns > 1)
-		emit_run(prev, p, &p->runs[1]);
+	if (p)
+		emit_runs(prev, p);
 	return 0;
 }
